@@ -1,0 +1,213 @@
+"""SCRAM-SHA-256, both directions, with scramp doing the mechanism.
+
+Towards clients the pooler is a SCRAM server (`ScramServerExchange`, by hand, see there): it verifies a client's
+proof against a SCRAM verifier (from the auth_file, auth_query, or made from a plaintext
+password). An unknown user gets a full exchange against a made-up verifier, so it fails
+exactly like a wrong password and user names cannot be probed.
+
+Towards servers the pooler is a SCRAM client. With a plaintext password scramp does it all.
+With only a verifier (the setup PgBouncer recommends: userlist.txt holds what pg_authid
+holds, no plaintext anywhere) the pooler recovers the ClientKey from the client's own proof,
+
+    ClientKey = ClientProof XOR HMAC(StoredKey, AuthMessage)
+
+and later proves itself to PostgreSQL with that ClientKey (`ScramClientKeyLogin`). scramp has
+no hook for logging in without a password, so those few lines of HMAC arithmetic are here.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+from dataclasses import dataclass
+
+from scramp import ScramClient, ScramMechanism
+
+MECHANISM = "SCRAM-SHA-256"
+_MECH = ScramMechanism(MECHANISM)
+
+
+@dataclass(frozen=True)
+class ScramVerifier:
+    """The parts of `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`."""
+
+    iterations: int
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+
+    @classmethod
+    def parse(cls, text: str) -> ScramVerifier | None:
+        try:
+            mech, rest = text.split("$", 1)
+            iter_salt, keys = rest.split("$", 1)
+            iterations, salt = iter_salt.split(":", 1)
+            stored, server = keys.split(":", 1)
+            if mech != MECHANISM:
+                return None
+            return cls(
+                int(iterations),
+                base64.b64decode(salt),
+                base64.b64decode(stored),
+                base64.b64decode(server),
+            )
+        except (ValueError, TypeError):
+            return None
+
+    @classmethod
+    def from_password(cls, password: str, iterations: int = 4096) -> ScramVerifier:
+        salt, stored_key, server_key, iters = _MECH.make_auth_info(password, iterations)
+        return cls(iters, salt, stored_key, server_key)
+
+    def __str__(self) -> str:
+        b64 = base64.b64encode
+        return (
+            f"{MECHANISM}${self.iterations}:{b64(self.salt).decode()}$"
+            f"{b64(self.stored_key).decode()}:{b64(self.server_key).decode()}"
+        )
+
+
+def is_scram_verifier(secret: str) -> bool:
+    return secret.startswith(MECHANISM + "$")
+
+
+def _hmac(key: bytes, msg: bytes) -> bytes:
+    return hmac.new(key, msg, hashlib.sha256).digest()
+
+
+def _xor(a: bytes, b: bytes) -> bytes:
+    return bytes(x ^ y for x, y in zip(a, b, strict=True))
+
+
+class ScramAuthError(Exception):
+    """The client's SCRAM exchange failed (wrong password, unknown user, malformed)."""
+
+
+class ScramServerExchange:
+    """The pooler's side of a client's SCRAM login, one message in and one out per step.
+
+    Written here rather than with scramp's ScramServer: libpq sends an empty user name
+    (`n=,r=...`, PostgreSQL takes the name from the startup packet), which scramp's parser
+    rejects. `verifier` None means the user is unknown: the exchange runs against a random
+    verifier and fails at the proof, like a wrong password.
+    """
+
+    def __init__(self, verifier: ScramVerifier | None) -> None:
+        self.known = verifier is not None
+        self.verifier = verifier or ScramVerifier.from_password(os.urandom(16).hex())
+        self.client_key: bytes | None = None
+        self._gs2_header = ""
+        self._client_first_bare = ""
+        self._server_first = ""
+        self._nonce = ""
+
+    def client_first(self, data: bytes) -> bytes:
+        """Takes client-first-message, returns server-first-message."""
+        try:
+            text = data.decode()
+            cbind_flag, authzid, bare = text.split(",", 2)
+        except (UnicodeDecodeError, ValueError):
+            raise ScramAuthError("malformed SCRAM client-first-message") from None
+        if cbind_flag not in ("n", "y"):
+            raise ScramAuthError("channel binding is not supported")
+        attrs = _attributes(bare)
+        client_nonce = attrs.get("r", "")
+        if not client_nonce:
+            raise ScramAuthError("malformed SCRAM client-first-message: no nonce")
+        self._gs2_header = f"{cbind_flag},{authzid},"
+        self._client_first_bare = bare
+        self._nonce = client_nonce + base64.b64encode(os.urandom(18)).decode()
+        v = self.verifier
+        self._server_first = (
+            f"r={self._nonce},s={base64.b64encode(v.salt).decode()},i={v.iterations}"
+        )
+        return self._server_first.encode()
+
+    def client_final(self, data: bytes) -> bytes:
+        """Takes client-final-message, returns server-final-message or raises ScramAuthError."""
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            raise ScramAuthError("malformed SCRAM client-final-message") from None
+        without_proof, _, proof_b64 = text.rpartition(",p=")
+        attrs = _attributes(without_proof)
+        expected_binding = base64.b64encode(self._gs2_header.encode()).decode()
+        if attrs.get("c") != expected_binding or attrs.get("r") != self._nonce:
+            raise ScramAuthError("malformed SCRAM client-final-message")
+        try:
+            proof = base64.b64decode(proof_b64, validate=True)
+        except ValueError:
+            raise ScramAuthError("malformed SCRAM proof") from None
+        v = self.verifier
+        auth_message = f"{self._client_first_bare},{self._server_first},{without_proof}".encode()
+        if len(proof) != len(v.stored_key):
+            raise ScramAuthError("malformed SCRAM proof")
+        client_key = _xor(proof, _hmac(v.stored_key, auth_message))
+        if not hmac.compare_digest(hashlib.sha256(client_key).digest(), v.stored_key):
+            raise ScramAuthError("invalid proof")
+        if not self.known:
+            raise ScramAuthError("unknown user")
+        self.client_key = client_key
+        signature = base64.b64encode(_hmac(v.server_key, auth_message)).decode()
+        return f"v={signature}".encode()
+
+
+def _attributes(text: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in text.split(",") if "=" in part)
+
+
+class ScramClientLogin:
+    """The pooler logging into PostgreSQL with SCRAM, with a password or a ClientKey."""
+
+    def __init__(
+        self,
+        user: str,
+        password: str | None = None,
+        client_key: bytes | None = None,
+        server_key: bytes | None = None,
+    ) -> None:
+        if password is None and (client_key is None or server_key is None):
+            raise ValueError("a password, or a ClientKey and ServerKey, is needed")
+        self._password = password
+        self._client_key = client_key
+        self._server_key = server_key
+        self._scramp = ScramClient([MECHANISM], user, password) if password is not None else None
+        self._nonce = base64.b64encode(os.urandom(18)).decode()
+        self._client_first_bare = f"n=,r={self._nonce}"
+        self._expected_server_signature = b""
+
+    def client_first(self) -> bytes:
+        if self._scramp is not None:
+            return str(self._scramp.get_client_first()).encode()
+        return ("n,," + self._client_first_bare).encode()
+
+    def server_first(self, data: bytes) -> bytes:
+        """Takes server-first-message, returns client-final-message."""
+        text = data.decode()
+        if self._scramp is not None:
+            self._scramp.set_server_first(text)
+            return str(self._scramp.get_client_final()).encode()
+        assert self._client_key is not None and self._server_key is not None
+        attrs = _attributes(text)
+        nonce = attrs["r"]
+        if not nonce.startswith(self._nonce):
+            raise ScramAuthError("server nonce does not extend the client nonce")
+        without_proof = f"c=biws,r={nonce}"
+        auth_message = f"{self._client_first_bare},{text},{without_proof}".encode()
+        stored_key = hashlib.sha256(self._client_key).digest()
+        proof = _xor(self._client_key, _hmac(stored_key, auth_message))
+        self._expected_server_signature = _hmac(self._server_key, auth_message)
+        return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+
+    def server_final(self, data: bytes) -> None:
+        text = data.decode()
+        if self._scramp is not None:
+            self._scramp.set_server_final(text)
+            return
+        attrs = _attributes(text)
+        if "v" not in attrs:
+            raise ScramAuthError(f"server rejected the proof: {text}")
+        if base64.b64decode(attrs["v"]) != self._expected_server_signature:
+            raise ScramAuthError("server signature does not verify")

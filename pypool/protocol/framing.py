@@ -1,0 +1,70 @@
+"""Message framing: split a byte stream into (type, body) messages.
+
+`MessageBuffer` is the careful, whole-message splitter used during login and on the slow
+paths, where every message is read. The hot path (see `net/`) walks 5-byte headers only
+and forwards bodies untouched, with `header_at`.
+
+Every message after the startup packet is a type byte, an Int32 length that counts itself
+but not the type byte, and a body. A length below 4 or above the configured maximum is a
+protocol violation by the sender.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+HEADER_SIZE = 5
+
+
+class FramingError(Exception):
+    """The peer sent a length that cannot be a message."""
+
+
+def header_at(data: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    """Type byte and total size (header included) of the message starting at `pos`."""
+    length = int.from_bytes(data[pos + 1 : pos + 5], "big")
+    if length < 4:
+        raise FramingError(f"invalid message length {length}")
+    return data[pos], length + 1
+
+
+class MessageBuffer:
+    """Accumulates bytes and yields whole messages as (type, body) pairs.
+
+    `max_size` bounds one message (PgBouncer's max_packet_size); a larger one raises
+    FramingError before its body is buffered.
+    """
+
+    __slots__ = ("_buffer", "max_size")
+
+    def __init__(self, max_size: int = 2147483647) -> None:
+        self._buffer = bytearray()
+        self.max_size = max_size
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        self._buffer += data
+
+    def __len__(self) -> int:
+        return len(self._buffer)
+
+    def take_rest(self) -> bytes:
+        """Everything not yet consumed, leaving the buffer empty."""
+        rest = bytes(self._buffer)
+        self._buffer.clear()
+        return rest
+
+    def messages(self) -> Iterator[tuple[int, bytes]]:
+        buf = self._buffer
+        pos = 0
+        try:
+            while len(buf) - pos >= HEADER_SIZE:
+                kind, size = header_at(buf, pos)
+                if size > self.max_size:
+                    raise FramingError(f"message of {size} bytes exceeds max_packet_size")
+                if len(buf) - pos < size:
+                    break
+                body = bytes(buf[pos + HEADER_SIZE : pos + size])
+                pos += size
+                yield kind, body
+        finally:
+            del buf[:pos]

@@ -1,0 +1,254 @@
+"""Message type bytes, builders for what the pooler sends, parsers for what it reads.
+
+Only the messages the pooler must understand are parsed; everything else is forwarded as
+bytes. Names follow the "Message Formats" section of the PostgreSQL protocol chapter.
+"""
+
+from __future__ import annotations
+
+import struct
+
+# Frontend (client to server) message types.
+BIND = ord("B")
+CLOSE = ord("C")
+COPY_DATA = ord("d")
+COPY_DONE = ord("c")
+COPY_FAIL = ord("f")
+DESCRIBE = ord("D")
+EXECUTE = ord("E")
+FLUSH = ord("H")
+FUNCTION_CALL = ord("F")
+PARSE = ord("P")
+PASSWORD_MESSAGE = ord("p")  # also SASLInitialResponse and SASLResponse
+QUERY = ord("Q")
+SYNC = ord("S")
+TERMINATE = ord("X")
+
+# Backend (server to client) message types.
+AUTHENTICATION = ord("R")
+BACKEND_KEY_DATA = ord("K")
+BIND_COMPLETE = ord("2")
+CLOSE_COMPLETE = ord("3")
+COMMAND_COMPLETE = ord("C")
+COPY_IN_RESPONSE = ord("G")
+COPY_OUT_RESPONSE = ord("H")
+COPY_BOTH_RESPONSE = ord("W")
+DATA_ROW = ord("D")
+EMPTY_QUERY_RESPONSE = ord("I")
+ERROR_RESPONSE = ord("E")
+FUNCTION_CALL_RESPONSE = ord("V")
+NEGOTIATE_PROTOCOL_VERSION = ord("v")
+NO_DATA = ord("n")
+NOTICE_RESPONSE = ord("N")
+NOTIFICATION_RESPONSE = ord("A")
+PARAMETER_DESCRIPTION = ord("t")
+PARAMETER_STATUS = ord("S")
+PARSE_COMPLETE = ord("1")
+PORTAL_SUSPENDED = ord("s")
+READY_FOR_QUERY = ord("Z")
+ROW_DESCRIPTION = ord("T")
+
+# Authentication request codes (the Int32 after 'R').
+AUTH_OK = 0
+AUTH_CLEARTEXT_PASSWORD = 3
+AUTH_MD5_PASSWORD = 5
+AUTH_SASL = 10
+AUTH_SASL_CONTINUE = 11
+AUTH_SASL_FINAL = 12
+
+# ReadyForQuery transaction status bytes.
+TX_IDLE = ord("I")
+TX_IN_BLOCK = ord("T")
+TX_FAILED = ord("E")
+
+_HEADER = struct.Struct("!cI")
+_INT32 = struct.Struct("!I")
+
+
+def message(kind: int, body: bytes = b"") -> bytes:
+    """Frame `body` as one message of type `kind`."""
+    return bytes((kind,)) + _INT32.pack(len(body) + 4) + body
+
+
+def cstring(text: str) -> bytes:
+    return text.encode() + b"\x00"
+
+
+# --- builders: backend messages the pooler sends to clients -------------------------------
+
+
+def authentication(code: int, payload: bytes = b"") -> bytes:
+    return message(AUTHENTICATION, _INT32.pack(code) + payload)
+
+
+def authentication_sasl(mechanisms: list[str]) -> bytes:
+    return authentication(AUTH_SASL, b"".join(cstring(m) for m in mechanisms) + b"\x00")
+
+
+def parameter_status(name: str, value: str) -> bytes:
+    return message(PARAMETER_STATUS, cstring(name) + cstring(value))
+
+
+def backend_key_data(pid: int, secret: int) -> bytes:
+    return message(BACKEND_KEY_DATA, struct.pack("!II", pid, secret))
+
+
+def ready_for_query(status: int = TX_IDLE) -> bytes:
+    return message(READY_FOR_QUERY, bytes((status,)))
+
+
+def error_response(message_text: str, sqlstate: str, severity: str = "ERROR") -> bytes:
+    body = (
+        b"S" + cstring(severity) + b"V" + cstring(severity) + b"C" + cstring(sqlstate)
+        + b"M" + cstring(message_text) + b"\x00"
+    )
+    return message(ERROR_RESPONSE, body)
+
+
+def notice_response(message_text: str, sqlstate: str = "00000", severity: str = "NOTICE") -> bytes:
+    body = (
+        b"S" + cstring(severity) + b"V" + cstring(severity) + b"C" + cstring(sqlstate)
+        + b"M" + cstring(message_text) + b"\x00"
+    )
+    return message(NOTICE_RESPONSE, body)
+
+
+def negotiate_protocol_version(minor: int, unsupported: list[str]) -> bytes:
+    body = _INT32.pack(minor) + _INT32.pack(len(unsupported))
+    body += b"".join(cstring(name) for name in unsupported)
+    return message(NEGOTIATE_PROTOCOL_VERSION, body)
+
+
+def command_complete(tag: str) -> bytes:
+    return message(COMMAND_COMPLETE, cstring(tag))
+
+
+def parse_complete() -> bytes:
+    return message(PARSE_COMPLETE)
+
+
+def close_complete() -> bytes:
+    return message(CLOSE_COMPLETE)
+
+
+def empty_query_response() -> bytes:
+    return message(EMPTY_QUERY_RESPONSE)
+
+
+def row_description(columns: list[tuple[str, int]]) -> bytes:
+    """RowDescription for a result the pooler makes itself: (name, type oid) per column, text."""
+    body = struct.pack("!H", len(columns))
+    for name, type_oid in columns:
+        size = {20: 8, 23: 4, 16: 1}.get(type_oid, -1)
+        body += cstring(name) + struct.pack("!IhIhih", 0, 0, type_oid, size, -1, 0)
+    return message(ROW_DESCRIPTION, body)
+
+
+def data_row(values: list[str | None]) -> bytes:
+    body = struct.pack("!H", len(values))
+    for value in values:
+        if value is None:
+            body += b"\xff\xff\xff\xff"
+        else:
+            raw = value.encode()
+            body += _INT32.pack(len(raw)) + raw
+    return message(DATA_ROW, body)
+
+
+# --- builders: frontend messages the pooler sends to servers ------------------------------
+
+
+def startup_message(params: dict[str, str]) -> bytes:
+    body = struct.pack("!I", 196608) + b"".join(
+        cstring(k) + cstring(v) for k, v in params.items()
+    ) + b"\x00"
+    return _INT32.pack(len(body) + 4) + body
+
+
+def cancel_request(pid: int, secret: int) -> bytes:
+    return struct.pack("!IIII", 16, 80877102, pid, secret)
+
+
+def query(sql: str) -> bytes:
+    return message(QUERY, cstring(sql))
+
+
+def password_message(payload: bytes) -> bytes:
+    return message(PASSWORD_MESSAGE, payload)
+
+
+def sasl_initial_response(mechanism: str, data: bytes) -> bytes:
+    return message(PASSWORD_MESSAGE, cstring(mechanism) + _INT32.pack(len(data)) + data)
+
+
+def terminate() -> bytes:
+    return message(TERMINATE)
+
+
+def sync() -> bytes:
+    return message(SYNC)
+
+
+# --- parsers ------------------------------------------------------------------------------
+
+
+def read_cstring(body: bytes | memoryview, pos: int) -> tuple[str, int]:
+    """The NUL-terminated string at `pos` and the position after its NUL."""
+    raw = bytes(body[pos:]) if isinstance(body, memoryview) else body
+    start = 0 if isinstance(body, memoryview) else pos
+    end = raw.index(b"\x00", start)
+    return raw[start:end].decode("utf-8", "replace"), pos + (end - start) + 1
+
+
+def parse_error_fields(body: bytes | memoryview) -> dict[str, str]:
+    """The fields of an ErrorResponse or NoticeResponse body, keyed by their code letter."""
+    fields: dict[str, str] = {}
+    raw = bytes(body)
+    for part in raw.split(b"\x00"):
+        if part:
+            fields[chr(part[0])] = part[1:].decode("utf-8", "replace")
+    return fields
+
+
+def parse_parameter_status(body: bytes | memoryview) -> tuple[str, str]:
+    raw = bytes(body)
+    name, _, rest = raw.partition(b"\x00")
+    value = rest.split(b"\x00", 1)[0]
+    return name.decode("utf-8", "replace"), value.decode("utf-8", "replace")
+
+
+def parse_command_tag(body: bytes | memoryview) -> str:
+    return bytes(body).split(b"\x00", 1)[0].decode("ascii", "replace")
+
+
+def parse_query_text(body: bytes | memoryview) -> str:
+    return bytes(body).split(b"\x00", 1)[0].decode("utf-8", "replace")
+
+
+def parse_backend_key_data(body: bytes | memoryview) -> tuple[int, int]:
+    pid, secret = struct.unpack_from("!II", body, 0)
+    return pid, secret
+
+
+def parse_authentication(body: bytes | memoryview) -> tuple[int, bytes]:
+    (code,) = _INT32.unpack_from(body, 0)
+    return code, bytes(body[4:])
+
+
+def parse_sasl_mechanisms(payload: bytes) -> list[str]:
+    return [m.decode() for m in payload.split(b"\x00") if m]
+
+
+def parse_sasl_initial_response(body: bytes | memoryview) -> tuple[str, bytes]:
+    """Mechanism name and client-first-message of a SASLInitialResponse."""
+    raw = bytes(body)
+    mechanism, _, rest = raw.partition(b"\x00")
+    if len(rest) < 4:
+        raise ValueError("SASLInitialResponse too short")
+    (length,) = _INT32.unpack_from(rest, 0)
+    data = rest[4:] if length == 0xFFFFFFFF else rest[4 : 4 + length]
+    return mechanism.decode("ascii", "replace"), data
+
+
+def parse_password(body: bytes | memoryview) -> str:
+    return bytes(body).split(b"\x00", 1)[0].decode("utf-8", "replace")
