@@ -1,9 +1,10 @@
-"""SCRAM-SHA-256, both directions, with scramp doing the mechanism.
+"""SCRAM-SHA-256, both directions.
 
-Towards clients the pooler is a SCRAM server (`ScramServerExchange`, by hand, see there): it verifies a client's
-proof against a SCRAM verifier (from the auth_file, auth_query, or made from a plaintext
-password). An unknown user gets a full exchange against a made-up verifier, so it fails
-exactly like a wrong password and user names cannot be probed.
+Towards clients the pooler is a SCRAM server (`ScramServerExchange`, written here, see
+there why): it verifies a client's proof against a SCRAM verifier (from the auth_file,
+auth_query, or made from a plaintext password). An unknown user gets a full exchange
+against a made-up verifier, so it fails exactly like a wrong password and user names
+cannot be probed.
 
 Towards servers the pooler is a SCRAM client. With a plaintext password scramp does it all.
 With only a verifier (the setup PgBouncer recommends: userlist.txt holds what pg_authid
@@ -57,8 +58,10 @@ class ScramVerifier:
             return None
 
     @classmethod
-    def from_password(cls, password: str, iterations: int = 4096) -> ScramVerifier:
-        salt, stored_key, server_key, iters = _MECH.make_auth_info(password, iterations)
+    def from_password(
+        cls, password: str, iterations: int = 4096, salt: bytes | None = None
+    ) -> ScramVerifier:
+        salt, stored_key, server_key, iters = _MECH.make_auth_info(password, iterations, salt)
         return cls(iters, salt, stored_key, server_key)
 
     def __str__(self) -> str:

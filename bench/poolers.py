@@ -1,0 +1,193 @@
+"""The systems under test: pypool and PgBouncer started from one pgbouncer.ini, and direct
+PostgreSQL as the physical reference.
+
+Both poolers get the same ini (same listen port: they never run at the same time, each
+run starts a fresh pooler process and stops it afterwards). pypool's copy differs only
+where it must: ``workers = N`` for ``--workers``, and ``max_prepared_statements`` when
+the PgBouncer in use is too old to accept that key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pg_cluster
+import pgwire
+import procstats
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_POOL_SIZE = 20
+MAX_PREPARED_STATEMENTS = 200
+
+
+class PoolerError(Exception):
+    """A pooler did not start or did not answer a login and ``SELECT 1``."""
+
+
+@dataclass
+class Target:
+    """One system a scenario is run against, as named in the results."""
+
+    name: str
+    kind: str  # "pypool", "pgbouncer" or "direct"
+    port: int
+    command: list[str] = field(default_factory=list)
+    popen_kwargs: dict = field(default_factory=dict)
+    logfile: Path | None = None
+    unavailable: str = ""  # why the harness skips it, once it failed to start
+    process: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def start(self, cluster: pg_cluster.Cluster, timeout: float = 30.0) -> None:
+        """Start the pooler and wait until a login and ``SELECT 1`` through it succeed."""
+        if self.kind == "direct":
+            return
+        assert self.logfile is not None
+        with open(self.logfile, "a") as log:
+            log.write(f"\n=== {time.strftime('%H:%M:%S')} {' '.join(self.command)}\n")
+            log.flush()
+            self.process = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so workers stop with it
+                **self.popen_kwargs,
+            )
+        deadline = time.monotonic() + timeout
+        last_error = "no answer"
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.process = None
+                raise PoolerError(f"{self.name} exited at start-up\n{self.log_tail()}")
+            try:
+                asyncio.run(
+                    asyncio.wait_for(
+                        pgwire.run_sql(
+                            "127.0.0.1", self.port, cluster.user, cluster.password,
+                            cluster.dbname, "SELECT 1",
+                        ),
+                        timeout=3,
+                    )
+                )  # fmt: skip
+                return
+            except (OSError, EOFError, TimeoutError, pgwire.PgError) as error:
+                last_error = repr(error)
+            time.sleep(0.2)
+        self.stop()
+        raise PoolerError(f"{self.name} not ready after {timeout:.0f} s: {last_error}")
+
+    def stop(self) -> None:
+        """SIGTERM the pooler's process group, SIGKILL it if it lingers."""
+        if self.process is None:
+            return
+        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.process.wait(grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.process = None
+
+    def alive(self) -> bool:
+        return self.kind == "direct" or (self.process is not None and self.process.poll() is None)
+
+    def cpu_seconds(self) -> float | None:
+        return procstats.cpu_seconds(self.pid) if self.pid else None
+
+    def rss_bytes(self) -> int | None:
+        return procstats.rss_bytes(self.pid) if self.pid else None
+
+    def log_tail(self, lines: int = 15) -> str:
+        if not self.logfile or not self.logfile.exists():
+            return ""
+        tail = self.logfile.read_text(errors="replace").splitlines()[-lines:]
+        return "\n".join(f"    | {line}" for line in tail)
+
+
+def ini_text(settings: dict[str, object], cluster: pg_cluster.Cluster) -> str:
+    databases = f"{cluster.dbname} = host=127.0.0.1 port={cluster.port} dbname={cluster.dbname}"
+    body = "\n".join(f"{key} = {value}" for key, value in settings.items())
+    return f"[databases]\n{databases}\n\n[pgbouncer]\n{body}\n"
+
+
+def make_targets(
+    names: list[str],
+    workers: list[int],
+    cluster: pg_cluster.Cluster,
+    workdir: Path,
+    listen_port: int,
+    pgbouncer_binary: Path,
+    pgbouncer_has_prepared: bool,
+) -> list[Target]:
+    """Write the ini files and return the targets in the order they are to alternate."""
+    userlist = workdir / "userlist.txt"
+    userlist.write_text(f'"{cluster.user}" "{cluster.scram_secret()}"\n')
+    settings: dict[str, object] = {
+        "listen_addr": "127.0.0.1",
+        "listen_port": listen_port,
+        "unix_socket_dir": "",
+        "auth_type": "scram-sha-256",
+        "auth_file": userlist,
+        "admin_users": cluster.user,
+        "pool_mode": "transaction",
+        "default_pool_size": DEFAULT_POOL_SIZE,
+        "max_client_conn": 12000,
+        "log_connections": 0,
+        "log_disconnections": 0,
+    }
+    if pgbouncer_has_prepared:
+        settings["max_prepared_statements"] = MAX_PREPARED_STATEMENTS
+    pgbouncer_ini = workdir / "pgbouncer.ini"
+    pgbouncer_ini.write_text(ini_text(settings, cluster))
+    if os.geteuid() == 0:  # PgBouncer refuses to run as root
+        for path in (userlist, pgbouncer_ini):
+            shutil.chown(path, "postgres", "postgres")
+
+    targets = []
+    for name in names:
+        if name == "direct":
+            targets.append(Target("direct", "direct", cluster.port))
+        elif name == "pgbouncer":
+            targets.append(
+                Target(
+                    "pgbouncer", "pgbouncer", listen_port,
+                    command=[str(pgbouncer_binary), str(pgbouncer_ini)],
+                    popen_kwargs=dict(cwd=workdir, **pg_cluster.owner_kwargs()),
+                    logfile=workdir / "pgbouncer.log",
+                )
+            )  # fmt: skip
+        else:
+            for count in workers or [None]:
+                variant = "pypool" if count is None else f"pypool-w{count}"
+                extra = dict(settings, max_prepared_statements=MAX_PREPARED_STATEMENTS)
+                if count is not None:
+                    extra["workers"] = count
+                ini = workdir / f"{variant}.ini"
+                ini.write_text(ini_text(extra, cluster))
+                env = dict(os.environ, PYTHONPATH=str(REPO))
+                targets.append(
+                    Target(
+                        variant, "pypool", listen_port,
+                        command=[sys.executable, "-m", "pypool", str(ini)],
+                        popen_kwargs=dict(cwd=REPO, env=env),
+                        logfile=workdir / f"{variant}.log",
+                    )
+                )  # fmt: skip
+    return targets
+

@@ -1,0 +1,290 @@
+"""Turn the list of runs into medians and ratios, and write latest.{json,md,png}.
+
+A ratio is pypool's headline metric divided by PgBouncer's, computed per round: the two
+runs of a round are adjacent in time, so slow drifts of the machine (other load, caches,
+table bloat) affect both alike. The reported ratio is the median over rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from scenarios import Scenario
+
+AGGREGATED = [
+    "tps", "latency_ms.avg", "latency_ms.p50", "latency_ms.p95", "latency_ms.p99",
+    "queue_wait_ms.p50", "queue_wait_ms.p95", "queue_wait_ms.p99", "queue_wait_ms.max",
+    "pooler_cpu_s_per_1k", "pg_cpu_s_per_1k", "rss_mib", "rss_before_mib",
+    "kib_per_client", "connect_s",
+]  # fmt: skip
+METRIC_LABELS = {"tps": "TPS", "rss_mib": "RSS MiB", "queue_wait_p99_ms": "queue wait p99"}
+
+
+def value(run: dict, key: str) -> float | None:
+    """A possibly nested measurement, e.g. ``latency_ms.p99``."""
+    node: object = run
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node if isinstance(node, int | float) else None
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _ratios(runs: list[dict], variant: str, key: str) -> list[float]:
+    """Per-round pypool/PgBouncer ratios of ``key`` for one pypool variant."""
+    by_round: dict[int, dict[str, float]] = {}
+    for run in runs:
+        measured = value(run, key)
+        if run["ok"] and run["target"] in (variant, "pgbouncer") and measured is not None:
+            by_round.setdefault(run["round"], {})[run["target"]] = measured
+    return [
+        pair[variant] / pair["pgbouncer"]
+        for _, pair in sorted(by_round.items())
+        if len(pair) == 2 and pair["pgbouncer"]
+    ]
+
+
+def summarize(runs: list[dict], scenarios: list[Scenario], targets: list[str]) -> dict:
+    """Per scenario and target: medians/min/max; per pypool variant: ratio to PgBouncer."""
+    summary = {}
+    for scenario in scenarios:
+        mine = [run for run in runs if run["scenario"] == scenario.name]
+        if not mine:
+            continue
+        per_target = {}
+        for target in targets:
+            of_target = [run for run in mine if run["target"] == target]
+            if not of_target:
+                continue
+            ok = [run for run in of_target if run["ok"]]
+            stats = {key: _spread([v for run in ok if (v := value(run, key)) is not None])
+                     for key in AGGREGATED}  # fmt: skip
+            per_target[target] = {
+                "ok_runs": len(ok),
+                "failed_runs": len(of_target) - len(ok),
+                "stats": {key: spread for key, spread in stats.items() if spread},
+            }
+        ratios = {}
+        for variant in (t for t in targets if t.startswith("pypool")):
+            headline = _ratios(mine, variant, scenario.metric)
+            if headline:
+                ratios[variant] = {
+                    "metric": scenario.metric,
+                    "higher_is_better": scenario.higher_is_better,
+                    "pairs": headline,
+                    **(_spread(headline) or {}),
+                    "pooler_cpu_pairs": _ratios(mine, variant, "pooler_cpu_s_per_1k"),
+                }
+        summary[scenario.name] = {"targets": per_target, "ratios": ratios}
+    return summary
+
+
+def write_json(path: Path, meta: dict, scenarios: list[Scenario], runs: list[dict],
+               summary: dict) -> None:  # fmt: skip
+    described = [
+        {
+            "name": s.name,
+            "description": s.description,
+            "metric": s.metric,
+            "higher_is_better": s.higher_is_better,
+        }
+        for s in scenarios
+    ]
+    document = {"meta": meta, "scenarios": described, "runs": runs, "summary": summary}
+    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+
+
+def fmt(number: float | None) -> str:
+    if number is None:
+        return "—"
+    return f"{number:,.0f}" if abs(number) >= 100 else f"{number:.3g}"
+
+
+def _median(entry: dict, key: str) -> str:
+    spread = entry["stats"].get(key)
+    return fmt(spread["median"]) if spread else "—"
+
+
+def _with_range(entry: dict, key: str) -> str:
+    spread = entry["stats"].get(key)
+    if not spread:
+        return "—"
+    if spread["min"] == spread["max"]:
+        return fmt(spread["median"])
+    return f"{fmt(spread['median'])} ({fmt(spread['min'])}–{fmt(spread['max'])})"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
+
+
+def write_markdown(path: Path, meta: dict, scenarios: list[Scenario], runs: list[dict],
+                   summary: dict) -> None:  # fmt: skip
+    lines = [
+        f"# pypool benchmark, {meta['date']}",
+        "",
+        f"- Machine: {meta['machine']}",
+        "- Versions: " + ", ".join(f"{name} {ver}" for name, ver in meta["versions"].items()),
+        f"- PgBouncer binary: {meta['pgbouncer']}",
+        f"- Settings: {meta['settings']}",
+        f"- Command: `{meta['command']}`",
+    ]
+    lines += [f"- **Skipped {name}**: {why}" for name, why in meta["skipped"].items()]
+    lines += ["", "Medians over the runs, (min–max) where they differ. Latencies in ms.", ""]
+
+    ratio_rows = []
+    for name, entry in summary.items():
+        for variant, ratio in entry["ratios"].items():
+            better = "higher" if ratio["higher_is_better"] else "lower"
+            cpu = _spread(ratio["pooler_cpu_pairs"])
+            ratio_rows.append([
+                name, variant, METRIC_LABELS.get(ratio["metric"], ratio["metric"]), better,
+                f"**{ratio['median']:.2f}**", f"{ratio['min']:.2f}–{ratio['max']:.2f}",
+                str(len(ratio["pairs"])), f"{cpu['median']:.2f}" if cpu else "—",
+            ])  # fmt: skip
+    lines += ["## pypool / PgBouncer", ""]
+    if ratio_rows:
+        lines += [
+            "Ratio of the headline metric per adjacent pair of runs; 1.00 = parity. "
+            "Column *better* says which way is good for pypool.",
+            "",
+        ]
+        lines += _table(
+            ["Scenario", "pypool", "Metric", "better", "ratio", "min–max", "pairs",
+             "CPU/1k tx ratio"],
+            ratio_rows,
+        )  # fmt: skip
+    else:
+        lines += ["No pypool/PgBouncer pairs in this run.", ""]
+
+    groups = {
+        "Throughput and latency": [s for s in scenarios if not s.idle_clients and not s.script],
+        "Queueing: more clients than pool slots": [s for s in scenarios if s.script],
+        "Idle connections": [s for s in scenarios if s.idle_clients],
+    }
+    for title, members in groups.items():
+        rows = []
+        for scenario in members:
+            for target, entry in summary.get(scenario.name, {}).get("targets", {}).items():
+                runs_text = str(entry["ok_runs"])
+                if entry["failed_runs"]:
+                    runs_text += f" (+{entry['failed_runs']} failed)"
+                head = [scenario.name, target, runs_text]
+                if scenario.idle_clients:
+                    keys = ["connect_s", "rss_before_mib", "rss_mib", "kib_per_client",
+                            "pooler_cpu_s_per_1k"]  # fmt: skip
+                elif scenario.script:
+                    keys = ["tps", "queue_wait_ms.p50", "queue_wait_ms.p95",
+                            "queue_wait_ms.p99", "queue_wait_ms.max"]  # fmt: skip
+                else:
+                    keys = ["latency_ms.avg", "latency_ms.p50", "latency_ms.p95",
+                            "latency_ms.p99", "pooler_cpu_s_per_1k", "pg_cpu_s_per_1k",
+                            "rss_mib"]  # fmt: skip
+                    head.append(_with_range(entry, "tps"))
+                rows.append(head + [_median(entry, key) for key in keys])
+        if not rows:
+            continue
+        if members[0].idle_clients:
+            header = ["Scenario", "Target", "runs", "connect s", "RSS before MiB",
+                      "RSS connected MiB", "KiB/client", "CPU s/1k logins"]  # fmt: skip
+        elif members[0].script:
+            header = ["Scenario", "Target", "runs", "TPS", "wait p50", "wait p95",
+                      "wait p99", "wait max"]  # fmt: skip
+        else:
+            header = ["Scenario", "Target", "runs", "TPS", "lat avg", "p50", "p95", "p99",
+                      "pooler CPU s/1k tx", "PG CPU s/1k tx", "pooler RSS MiB"]  # fmt: skip
+        lines += [f"## {title}", ""] + _table(header, rows)
+
+    failures = [run for run in runs if not run["ok"]]
+    if failures:
+        lines += ["## Failed runs", ""]
+        lines += [f"- {r['scenario']} / {r['target']} round {r['round']}: {r['error']}"
+                  for r in failures]  # fmt: skip
+        lines.append("")
+    lines += ["## Scenarios", ""]
+    lines += [f"- **{s.name}**: {s.description}" for s in scenarios]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_chart(path: Path, scenarios: list[Scenario], summary: dict, targets: list[str]) -> None:
+    """Ratio bars against a 1.0 line, TPS per target, and idle RSS per target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [s.name for s in scenarios if s.name in summary]
+    by_name = {s.name: s for s in scenarios}
+    fig, (ratio_ax, tps_ax, rss_ax) = plt.subplots(
+        3, 1, figsize=(11, 15), gridspec_kw={"height_ratios": [3, 3, 1.3]}
+    )
+
+    variants = [t for t in targets if t.startswith("pypool")]
+    rows = [(n, v, summary[n]["ratios"][v]) for n in names for v in variants
+            if v in summary[n]["ratios"]]  # fmt: skip
+    if rows:
+        labels, medians, lows, highs, colors = [], [], [], [], []
+        for name, variant, ratio in rows:
+            arrow = "↑" if ratio["higher_is_better"] else "↓"
+            metric = METRIC_LABELS.get(ratio["metric"], ratio["metric"])
+            suffix = f" [{variant}]" if len(variants) > 1 else ""
+            labels.append(f"{name}{suffix}\n{metric} {arrow} better")
+            medians.append(ratio["median"])
+            lows.append(ratio["median"] - ratio["min"])
+            highs.append(ratio["max"] - ratio["median"])
+            good = (ratio["median"] >= 1) == ratio["higher_is_better"]
+            colors.append("tab:green" if good else "tab:red")
+        positions = range(len(rows))
+        ratio_ax.barh(positions, medians, xerr=[lows, highs], color=colors, capsize=3)
+        ratio_ax.set_yticks(list(positions), labels, fontsize=8)
+        ratio_ax.invert_yaxis()
+        ratio_ax.axvline(1.0, color="black", linewidth=1)
+        for position, median in zip(positions, medians, strict=True):
+            ratio_ax.annotate(f"{median:.2f}", (median, position), xytext=(4, -8),
+                              textcoords="offset points", fontsize=8)  # fmt: skip
+    else:
+        ratio_ax.text(0.5, 0.5, "no pypool/PgBouncer pairs in this run", ha="center",
+                      transform=ratio_ax.transAxes)  # fmt: skip
+    ratio_ax.set_title("pypool / PgBouncer (median of adjacent pairs, bars: min–max; "
+                       "green = pypool better)")  # fmt: skip
+
+    _grouped_bars(tps_ax, [n for n in names if by_name[n].metric == "tps"] +
+                  [n for n in names if by_name[n].script], summary, targets, "tps")  # fmt: skip
+    tps_ax.set_xscale("log")
+    tps_ax.set_title("Transactions per second (median; log scale)")
+    _grouped_bars(rss_ax, [n for n in names if by_name[n].idle_clients], summary, targets,
+                  "rss_mib")  # fmt: skip
+    rss_ax.set_title("Pooler RSS with all idle clients connected, MiB (median)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _grouped_bars(ax, names: list[str], summary: dict, targets: list[str], key: str) -> None:
+    height = 0.8 / max(1, len(targets))
+    drawn = False
+    for index, target in enumerate(targets):
+        positions, values = [], []
+        for row, name in enumerate(names):
+            spread = summary[name]["targets"].get(target, {}).get("stats", {}).get(key)
+            if spread:
+                positions.append(row + index * height)
+                values.append(spread["median"])
+        if values:
+            ax.barh(positions, values, height=height, label=target)
+            drawn = True
+    if not drawn:
+        ax.text(0.5, 0.5, "no data in this run", ha="center", transform=ax.transAxes)
+        return
+    ax.set_yticks([row + 0.4 - height / 2 for row in range(len(names))], names, fontsize=8)
+    ax.invert_yaxis()
+    ax.legend(fontsize=8)

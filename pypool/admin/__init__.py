@@ -1,0 +1,1 @@
+"""The admin console on the virtual database `pgbouncer` (alias `pypool`)."""

@@ -1,0 +1,120 @@
+"""Command line: `pypool [CONFIG.ini | postgresql://URL]`.
+
+With an ini file, runs from a PgBouncer-format config. With a URL (or DATABASE_URL in the
+environment), pools that one database on 127.0.0.1:6432. With neither, creates a throwaway
+local PostgreSQL (initdb, SCRAM on), pools it, and prints the DATABASE_URL to use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from urllib.parse import quote
+
+from . import __version__
+from .settings import Settings, SettingsError, from_url, load_ini
+
+log = logging.getLogger("pypool")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="pypool",
+        description="A transaction-mode PostgreSQL connection pooler, drop-in for PgBouncer.",
+        epilog="Signals: SIGHUP reloads; SIGINT drains transactions and exits; SIGTERM "
+        "drains clients and exits; SIGQUIT exits now; SIGUSR1 pauses, SIGUSR2 resumes.",
+    )
+    parser.add_argument(
+        "config", nargs="?",
+        help="a pgbouncer.ini-format file, or a postgresql:// URL (default: $DATABASE_URL, "
+        "else a throwaway local PostgreSQL)",
+    )
+    parser.add_argument("--version", action="version", version=f"pypool {__version__}")
+    parser.add_argument("-p", "--port", type=int, help="listen port (overrides listen_port)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    parser.add_argument(
+        "--embedded-dir", help="where the throwaway PostgreSQL lives (default: a temp dir)"
+    )
+    return parser.parse_args(argv)
+
+
+def setup_logging(settings: Settings, verbose: bool, quiet: bool) -> None:
+    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    handler: logging.Handler
+    if settings.pooler.logfile:
+        handler = logging.FileHandler(settings.pooler.logfile)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s.%(msecs)03d %(process)d %(levelname)s %(message)s",
+                          "%Y-%m-%d %H:%M:%S")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+async def serve(settings: Settings) -> None:
+    from .net.pooler import Pooler
+
+    pooler = Pooler(settings)
+    await pooler.start()
+    pooler.install_signals()
+    await pooler.stopped
+    await asyncio.sleep(0.05)  # let the closing transports flush
+
+
+def run(settings: Settings) -> None:
+    import uvloop
+
+    uvloop.run(serve(settings))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    target = args.config or os.environ.get("DATABASE_URL")
+    embedded = None
+    try:
+        if target and "://" in target:
+            settings = from_url(target)
+        elif target:
+            settings = load_ini(target)
+        else:
+            from .embedded import EmbeddedPostgres
+
+            embedded = EmbeddedPostgres(basedir=args.embedded_dir).start()
+            settings = from_url(embedded.dsn("postgres"))
+        if args.port:
+            import dataclasses
+
+            settings = dataclasses.replace(
+                settings, pooler=dataclasses.replace(settings.pooler, listen_port=args.port)
+            )
+    except SettingsError as exc:
+        print(f"pypool: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(settings, args.verbose, args.quiet)
+    if embedded is not None:
+        user = embedded.superuser
+        url = (
+            f"postgresql://{quote(user, safe='')}:{quote(embedded.password, safe='')}"
+            f"@127.0.0.1:{settings.pooler.listen_port}/postgres"
+        )
+        print(f"throwaway PostgreSQL on 127.0.0.1:{embedded.port}; pypool on "
+              f"127.0.0.1:{settings.pooler.listen_port}", flush=True)
+        print(f"DATABASE_URL={url}", flush=True)
+    try:
+        run(settings)
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    return 0

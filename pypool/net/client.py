@@ -1,0 +1,478 @@
+"""One client connection: its login, and the client-to-server hot path.
+
+States (one line each):
+  STARTUP   reading the startup packet (after answering SSLRequest/GSSENCRequest with 'N')
+  AUTH      password exchange in progress (SCRAM, md5 or cleartext)
+  WELCOME   authenticated, waiting for its pool to know the server's parameters
+  IDLE      logged in, holds no server
+  WAITING   has sent a request and waits in its pool's queue for a server
+  ACTIVE    linked to a server; its bytes go straight to that server
+  CLOSED    gone
+
+Reply bookkeeping, which decides when a server can be handed on: `pending` counts the
+ReadyForQuery messages the client is owed (one per Query, FunctionCall and Sync it sent);
+`unsynced` is true while extended-protocol messages were sent after the last Sync. A server
+goes back to the pool only on ReadyForQuery 'I' with pending 0 and nothing unsynced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import struct
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from ..auth.md5 import is_md5_hash, md5_hash, md5_response
+from ..auth.scram import MECHANISM, ScramAuthError, ScramServerExchange, ScramVerifier
+from ..pooling.params import canonical_name
+from ..protocol import errors
+from ..protocol import messages as m
+from ..protocol.errors import PoolerError
+from ..protocol.framing import FramingError, MessageBuffer
+from ..protocol.startup import (
+    CancelRequest,
+    GSSENCRequest,
+    SSLRequest,
+    StartupError,
+    StartupMessage,
+    parse_startup_packet,
+    startup_packet_size,
+)
+
+if TYPE_CHECKING:
+    from ..admin.console import AdminSession
+    from ..pooling.pool import Pool
+    from .pooler import Pooler
+    from .server import ServerConnection
+
+log = logging.getLogger("pypool.client")
+
+
+class ClientState(Enum):
+    STARTUP = "startup"
+    AUTH = "auth"
+    WELCOME = "welcome"
+    IDLE = "idle"
+    WAITING = "waiting"
+    ACTIVE = "active"
+    CLOSED = "closed"
+
+
+_ALLOWED = {
+    ClientState.STARTUP: {ClientState.AUTH, ClientState.WELCOME, ClientState.CLOSED},
+    ClientState.AUTH: {ClientState.WELCOME, ClientState.CLOSED},
+    ClientState.WELCOME: {ClientState.IDLE, ClientState.CLOSED},
+    ClientState.IDLE: {ClientState.WAITING, ClientState.ACTIVE, ClientState.CLOSED},
+    ClientState.WAITING: {ClientState.ACTIVE, ClientState.CLOSED},
+    ClientState.ACTIVE: {ClientState.IDLE, ClientState.CLOSED},
+    ClientState.CLOSED: set(),
+}
+
+# Startup parameters that are not session settings and need no tracking.
+_PLAIN_STARTUP_KEYS = frozenset({"user", "database", "replication"})
+
+_ids = iter(range(1, 1 << 62))
+
+
+class ClientConnection(asyncio.Protocol):
+    """A client of the pooler, from its first byte to its Terminate."""
+
+    def __init__(self, pooler: Pooler) -> None:
+        self.id = next(_ids)
+        self.pooler = pooler
+        self.state = ClientState.STARTUP
+        self.transport: asyncio.Transport | None = None
+        self.peer = ("", 0)
+        self.user = ""
+        self.database = ""
+        self.pool: Pool | None = None
+        self.server: ServerConnection | None = None
+        self.admin: AdminSession | None = None  # set when connected to the console
+        # Tracked session parameters as this client should see them.
+        self.params: dict[str, str] = {}
+        self.startup_params: dict[str, str] = {}
+        self.cancel_key = (0, 0)
+        now = pooler.now()
+        self.connect_time = now
+        self.state_since = now  # when the current state (IDLE, WAITING, ...) began
+        self.wait_start = 0.0
+        self.link_time = 0.0
+        self.query_start = 0.0
+        self.tx_status = m.TX_IDLE
+        self.pending = 0
+        self.unsynced = False
+        self.close_after_release = False
+        self._outbox: list[bytes] = []
+        self._startup_buffer = bytearray()
+        self._messages = MessageBuffer(pooler.settings.pooler.max_packet_size)
+        self._auth_exchange: ScramServerExchange | None = None
+        self._auth_kind = ""
+        self._scram_started = False
+        self._md5_salt = b""
+        self._secret: str | None = None
+        self._skip = 0
+        self._partial = b""
+        self._reading_paused = False
+        self._max_packet = pooler.settings.pooler.max_packet_size
+
+    def __repr__(self) -> str:
+        return f"C-{self.id}:{self.database}/{self.user}@{self.peer[0]}:{self.peer[1]}"
+
+    def set_state(self, new: ClientState) -> None:
+        if new not in _ALLOWED[self.state]:
+            raise RuntimeError(f"client {self.id}: illegal transition {self.state} -> {new}")
+        self.state = new
+        self.state_since = self.pooler.now()
+
+    # --- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self.peer = (str(peer[0]), int(peer[1]))
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        self.pooler.client_connected(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.state is not ClientState.CLOSED:
+            self.pooler.client_closed(self, "client closed the connection")
+
+    def pause_writing(self) -> None:
+        if self.server is not None:
+            self.server.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.server is not None:
+            self.server.resume_reading()
+
+    def pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            if self.state is ClientState.ACTIVE or self.state is ClientState.IDLE:
+                self._relay(data)
+            elif self.state is ClientState.WAITING:
+                self._relay(data)
+            elif self.state is ClientState.STARTUP:
+                self._startup_data(data)
+            elif self.state is ClientState.AUTH:
+                self._auth_data(data)
+            elif self.state is ClientState.WELCOME:
+                # Nothing is expected before ReadyForQuery; keep it for later.
+                self._partial += data
+        except PoolerError as exc:
+            self.fail(exc)
+        except FramingError as exc:
+            self.fail(errors.ClientProtocolError(str(exc)))
+
+    # --- closing --------------------------------------------------------------------------
+
+    def fail(self, exc: PoolerError) -> None:
+        """Send the error; close if it is fatal."""
+        level = logging.WARNING if exc.side is errors.Side.CLIENT else logging.INFO
+        if self.pooler.settings.pooler.log_pooler_errors:
+            log.log(level, "%r: pooler error: %s (%s)", self, exc.message, exc.sqlstate)
+        severity = "FATAL" if exc.fatal else "ERROR"
+        self.write(m.error_response(exc.message, exc.sqlstate, severity))
+        if exc.fatal:
+            self.close(exc.message)
+
+    def close(self, reason: str) -> None:
+        if self.state is ClientState.CLOSED:
+            return
+        self.pooler.client_closed(self, reason)
+        if self.transport is not None:
+            self.transport.close()
+
+    # --- startup and authentication -------------------------------------------------------
+
+    def _startup_data(self, data: bytes) -> None:
+        self._startup_buffer += data
+        while self.state is ClientState.STARTUP:
+            try:
+                size = startup_packet_size(self._startup_buffer)
+            except StartupError as exc:
+                # Garbage before the startup packet: there is no protocol to answer in.
+                log.warning("%r: bad startup packet: %s", self, exc)
+                self.close(str(exc))
+                return
+            if size is None or len(self._startup_buffer) < size:
+                return
+            packet = bytes(self._startup_buffer[:size])
+            del self._startup_buffer[:size]
+            try:
+                parsed = parse_startup_packet(packet)
+            except StartupError as exc:
+                raise errors.ClientProtocolError(str(exc)) from None
+            if isinstance(parsed, (SSLRequest, GSSENCRequest)):
+                self.write(b"N")
+            elif isinstance(parsed, CancelRequest):
+                self.pooler.forward_cancel(parsed.pid, parsed.secret)
+                self.close("cancel request")
+            else:
+                self._startup_message(parsed)
+        if self._startup_buffer:
+            rest = bytes(self._startup_buffer)
+            self._startup_buffer.clear()
+            self.data_received(rest)
+
+    def _startup_message(self, startup: StartupMessage) -> None:
+        settings = self.pooler.settings.pooler
+        if startup.minor > 0 or startup.protocol_options:
+            self.write(m.negotiate_protocol_version(0, list(startup.protocol_options)))
+        params = startup.params
+        self.user = params.get("user", "")
+        if not self.user:
+            raise errors.ClientProtocolError("no username supplied", "28000")
+        self.database = params.get("database") or self.user
+        self.startup_params = params
+        for key, value in params.items():
+            if key in _PLAIN_STARTUP_KEYS:
+                continue
+            name = canonical_name(key, settings.track_extra_parameters)
+            if name is not None:
+                self.params[name] = value
+            elif key.lower() not in {k.lower() for k in settings.ignore_startup_parameters}:
+                raise PoolerError(f"unsupported startup parameter: {key}")
+        if settings.log_connections:
+            log.info("%r: login attempt: db=%s user=%s", self, self.database, self.user)
+        self.pooler.begin_authentication(self)
+
+    def start_auth(self, secret: str | None, auth_type: str) -> None:
+        """Ask for the client's password in the way `auth_type` and the secret allow.
+
+        `secret` None means the user is unknown: the exchange still runs in full and fails
+        as a wrong password would.
+        """
+        self._secret = secret
+        if auth_type in ("trust", "any"):
+            self.authenticated(None)
+            return
+        self.set_state(ClientState.AUTH)
+        use_md5 = auth_type == "md5" and not (secret and secret.startswith(MECHANISM))
+        if auth_type == "scram-sha-256" and secret is not None and is_md5_hash(secret):
+            use_md5 = True  # a stored md5 hash cannot verify a SCRAM proof
+        if auth_type == "plain":
+            self._auth_kind = "plain"
+            self.write(m.authentication(m.AUTH_CLEARTEXT_PASSWORD))
+        elif use_md5:
+            self._auth_kind = "md5"
+            self._md5_salt = os.urandom(4)
+            self.write(m.authentication(m.AUTH_MD5_PASSWORD, self._md5_salt))
+        else:
+            self._auth_kind = "scram"
+            verifier = None
+            if secret is not None:
+                verifier = ScramVerifier.parse(secret) or ScramVerifier.from_password(secret)
+            self._auth_exchange = ScramServerExchange(verifier)
+            self.write(m.authentication_sasl([MECHANISM]))
+
+    def _auth_data(self, data: bytes) -> None:
+        self._messages.feed(data)
+        for kind, body in self._messages.messages():
+            if self.state is not ClientState.AUTH:
+                break
+            if kind != m.PASSWORD_MESSAGE:
+                raise errors.ClientProtocolError(
+                    f"expected a password message, got {chr(kind)!r}", "28000"
+                )
+            self._auth_message(body)
+        if self.state is not ClientState.AUTH and len(self._messages):
+            self._partial += self._messages.take_rest()
+
+    def _auth_message(self, body: bytes) -> None:
+        secret = self._secret
+        failed = PoolerError("password authentication failed", errors.INVALID_PASSWORD)
+        if self._auth_kind == "scram":
+            exchange = self._auth_exchange
+            assert exchange is not None
+            sasl_failed = PoolerError("SASL authentication failed", errors.INVALID_PASSWORD)
+            try:
+                if not self._scram_started:
+                    self._scram_started = True
+                    mechanism, first = m.parse_sasl_initial_response(body)
+                    if mechanism != MECHANISM:
+                        raise sasl_failed
+                    self.write(m.authentication(m.AUTH_SASL_CONTINUE,
+                                                exchange.client_first(first)))
+                    return
+                final = exchange.client_final(body)
+            except (ScramAuthError, ValueError, struct.error):
+                raise sasl_failed from None
+            self.write(m.authentication(m.AUTH_SASL_FINAL, final))
+            self.authenticated(exchange.client_key)
+            return
+        password = m.parse_password(body)
+        if secret is None:
+            raise failed
+        if self._auth_kind == "md5":
+            stored = secret if is_md5_hash(secret) else md5_hash(secret, self.user)
+            if password != md5_response(stored, self._md5_salt):
+                raise failed
+        else:  # cleartext
+            verifier = ScramVerifier.parse(secret)
+            if verifier is not None:
+                ok = _scram_matches(verifier, password)
+            elif is_md5_hash(secret):
+                ok = md5_hash(password, self.user) == secret
+            else:
+                ok = password == secret
+            if not ok:
+                raise failed
+        self.authenticated(None)
+
+    def authenticated(self, scram_client_key: bytes | None) -> None:
+        self.write(m.authentication(m.AUTH_OK))
+        if self.state is ClientState.STARTUP:
+            self.set_state(ClientState.AUTH)
+        self.set_state(ClientState.WELCOME)
+        self.pooler.client_authenticated(self, scram_client_key)
+
+    def welcome(self, server_params: dict[str, str]) -> None:
+        """Send ParameterStatus, BackendKeyData and the first ReadyForQuery."""
+        out = []
+        for name, value in server_params.items():
+            if name in self.params:
+                continue
+            out.append(m.parameter_status(name, value))
+        for name, value in self.params.items():
+            out.append(m.parameter_status(name, value))
+        # Tracked parameters the client did not set take the server's defaults.
+        for name, value in server_params.items():
+            if canonical_name(name, self.pooler.settings.pooler.track_extra_parameters):
+                self.params.setdefault(name, value)
+        out.append(m.backend_key_data(*self.cancel_key))
+        out.append(m.ready_for_query(m.TX_IDLE))
+        self.write(b"".join(out))
+        self.set_state(ClientState.IDLE)
+        if self._partial:
+            rest, self._partial = self._partial, b""
+            self._relay(rest)
+
+    # --- the hot path: client to server ---------------------------------------------------
+
+    def _relay(self, data: bytes) -> None:
+        """Walk the client's message headers, keep the reply bookkeeping, forward the bytes
+        to the linked server (or hold them until one is assigned)."""
+        if self._partial:
+            data = self._partial + data
+            self._partial = b""
+        n = len(data)
+        pos = self._skip
+        if pos >= n:
+            self._skip = pos - n
+            self._forward(data)
+            return
+        self._skip = 0
+        was_pending = self.pending or self.unsynced
+        while n - pos >= 5:
+            kind = data[pos]
+            size = int.from_bytes(data[pos + 1 : pos + 5], "big") + 1
+            if size < 5 or size > self._max_packet:
+                self._forward(data[:pos])
+                raise errors.ClientProtocolError(f"invalid packet length {size - 1}")
+            if kind == m.QUERY or kind == m.FUNCTION_CALL:
+                self.pending += 1
+            elif kind == m.SYNC:
+                self.pending += 1
+                self.unsynced = False
+            elif kind in _EXTENDED:
+                self.unsynced = True
+            elif kind == m.TERMINATE:
+                if pos:
+                    self._forward(data[:pos])
+                self.close("client sent Terminate")
+                return
+            elif kind not in _COPY:
+                if pos:
+                    self._forward(data[:pos])
+                raise errors.ClientProtocolError(f"unsupported pkt type: {kind}")
+            if self.admin is not None and kind != m.QUERY:
+                raise PoolerError("admin console supports only simple queries",
+                                  errors.PROTOCOL_VIOLATION, fatal=False)
+            pos += size
+        if pos > n:
+            self._skip = pos - n
+        elif pos < n:
+            self._partial = data[pos:]
+            data = data[:pos]
+        if not was_pending and (self.pending or self.unsynced):
+            self.query_start = self.pooler.now()
+        if data:
+            self._forward(data)
+
+    def _forward(self, data: bytes) -> None:
+        server = self.server
+        if server is not None:
+            assert server.transport is not None
+            server.transport.write(data)
+            return
+        if self.admin is not None:
+            self.admin.received(data)
+            return
+        self._outbox.append(data)
+        if self.state is ClientState.IDLE:
+            self.pooler.request_server(self)
+
+    def take_outbox(self) -> bytes:
+        data = b"".join(self._outbox)
+        self._outbox.clear()
+        return data
+
+    def params_seen(self, name: str, value: str) -> None:
+        """A ParameterStatus from the linked server: the client's setting changed."""
+        self.params[name] = value
+
+    def ready_for_query(self, status: int) -> None:
+        """Called by the linked server for each ReadyForQuery it forwards to this client."""
+        self.pending -= 1
+        self.tx_status = status
+        pool = self.pool
+        assert pool is not None
+        stats = pool.stats
+        stats.query_count += 1
+        if self.pending > 0 or self.unsynced:
+            return
+        self.pending = 0
+        now = self.pooler.now()
+        stats.query_time_us += int((now - self.query_start) * 1e6)
+        self.state_since = now
+        mode = pool.limits.pool_mode
+        if status == m.TX_IDLE:
+            if mode != "session":
+                self.pooler.release(self)
+            else:
+                stats.xact_count += 1
+        elif mode == "statement":
+            self.fail(PoolerError("transaction blocks not allowed in statement pooling mode"))
+
+
+_EXTENDED = frozenset((m.PARSE, m.BIND, m.DESCRIBE, m.EXECUTE, m.CLOSE, m.FLUSH))
+_COPY = frozenset((m.COPY_DATA, m.COPY_DONE, m.COPY_FAIL))
+
+
+def _scram_matches(verifier: ScramVerifier, password: str) -> bool:
+    """Whether a cleartext password produces this SCRAM verifier's StoredKey."""
+    candidate = ScramVerifier.from_password(password, verifier.iterations, verifier.salt)
+    return candidate.stored_key == verifier.stored_key

@@ -1,0 +1,615 @@
+"""The pooler: listeners, pools, the link between a client and a server, the janitor.
+
+It owns every connection object and decides, through the sans-IO Pool, who gets which
+server. The client and server Protocols call in here at their turning points: a client
+authenticated, a client needs a server, a transaction ended, a server logged in or closed.
+
+Never hand a server on with replies owed, never give a server mid-transaction to another
+client: a client that leaves with its transaction open (or a query running) takes its server
+down with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import random
+import signal
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from ..auth.auth_file import load_auth_file
+from ..auth.md5 import is_md5_hash
+from ..auth.scram import ScramVerifier, is_scram_verifier
+from ..pooling.params import set_statements
+from ..pooling.pool import Pool, PoolLimits
+from ..protocol import errors
+from ..protocol import messages as m
+from ..protocol.errors import PoolerError
+from ..settings import DatabaseEntry, Settings, SettingsError, load_ini
+from .client import ClientConnection, ClientState
+from .server import ServerConnection, ServerLoginError, ServerState
+
+log = logging.getLogger("pypool")
+
+ADMIN_DATABASES = ("pgbouncer", "pypool")
+JANITOR_PERIOD = 0.5
+
+
+@dataclass
+class ServerCredentials:
+    """What the pooler has to log into PostgreSQL as `user`."""
+
+    user: str
+    password: str | None = None
+    md5_hash: str | None = None
+    verifier: ScramVerifier | None = None
+    scram_client_key: bytes | None = None
+
+
+class Pooler:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.loop = asyncio.get_running_loop()
+        self.now = self.loop.time
+        self.start_time = time.time()
+        self.pools: dict[tuple[str, str], Pool] = {}
+        self.clients: set[ClientConnection] = set()
+        self.login_clients: set[ClientConnection] = set()
+        self.cancel_keys: dict[tuple[int, int], ClientConnection] = {}
+        self.servers_per_db: dict[str, int] = {}
+        self.servers_per_user: dict[str, int] = {}
+        self.auth_secrets: dict[str, str] = {}
+        self.auth_query_secrets: dict[str, str] = {}
+        self.scram_client_keys: dict[str, bytes] = {}
+        self.listeners: list[asyncio.AbstractServer] = []
+        self.shutting_down = ""  # "", "SIGINT" (drain transactions) or "SIGTERM" (drain clients)
+        self.stopped = self.loop.create_future()
+        self._janitor: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.load_auth()
+
+    # --- start, reload, stop --------------------------------------------------------------
+
+    def load_auth(self) -> None:
+        secrets = dict(self.settings.inline_users)
+        path = self.settings.pooler.auth_file
+        if path:
+            try:
+                secrets.update(load_auth_file(path))
+            except OSError as exc:
+                log.error("auth_file %s: cannot read: %s", path, exc.strerror)
+        self.auth_secrets = secrets
+
+    async def start(self) -> None:
+        cfg = self.settings.pooler
+        hosts = [h.strip() for h in cfg.listen_addr.split(",") if h.strip()]
+        hosts = [None if h == "*" else h for h in hosts]  # type: ignore[misc]
+        for host in hosts:
+            server = await self.loop.create_server(
+                lambda: ClientConnection(self),
+                host,
+                cfg.listen_port,
+                reuse_port=cfg.so_reuseport or cfg.workers > 1,
+                backlog=2048,
+            )
+            self.listeners.append(server)
+        log.info("listening on %s:%d", cfg.listen_addr, cfg.listen_port)
+        self._janitor = self.loop.create_task(self._janitor_loop())
+        for pool_key in self._min_pool_keys():
+            self.pool_for(*pool_key)
+        self._pidfile()
+
+    def _pidfile(self) -> None:
+        if self.settings.pooler.pidfile:
+            with open(self.settings.pooler.pidfile, "w") as fh:
+                fh.write(f"{os.getpid()}\n")
+
+    def _min_pool_keys(self) -> list[tuple[str, str]]:
+        keys = []
+        for name, entry in self.settings.databases.items():
+            min_size = entry.min_pool_size
+            if min_size is None:
+                min_size = self.settings.pooler.min_pool_size
+            if name != "*" and entry.user and min_size > 0:
+                keys.append((name, entry.user))
+        return keys
+
+    def reload(self) -> bool:
+        """Re-read the ini and the auth_file; keep the old config if the new one is bad."""
+        if not self.settings.path:
+            self.load_auth()
+            return True
+        try:
+            new = load_ini(self.settings.path)
+        except SettingsError as exc:
+            log.error("reload failed, keeping the old configuration: %s", exc)
+            return False
+        self.settings = new
+        self.load_auth()
+        for pool in self.pools.values():
+            entry = new.database(pool.database)
+            if entry is None:
+                pool.disabled = True
+                continue
+            pool.limits = self.limits_for(entry, pool.user)
+        log.info("configuration reloaded from %s", new.path)
+        return True
+
+    def shutdown(self, how: str) -> None:
+        """SIGINT: let transactions finish. SIGTERM: let clients finish. Again: exit now."""
+        if self.shutting_down or how == "now":
+            self._exit()
+            return
+        log.info("%s: shutting down once %s finish", how,
+                 "transactions" if how == "SIGINT" else "clients")
+        self.shutting_down = how
+        for listener in self.listeners:
+            listener.close()
+        if how == "SIGINT":
+            for client in list(self.clients):
+                if client.server is None:
+                    client.fail(PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN))
+                else:
+                    client.close_after_release = True
+        self._maybe_exit()
+
+    def _maybe_exit(self) -> None:
+        if self.shutting_down and not self.clients:
+            self._exit()
+
+    def _exit(self) -> None:
+        for client in list(self.clients):
+            client.close("pooler exit")
+        for pool in self.pools.values():
+            for server in list(pool.idle) + list(pool.active) + list(pool.login):
+                server.close("pooler exit")
+        if not self.stopped.done():
+            self.stopped.set_result(None)
+
+    def install_signals(self) -> None:
+        loop = self.loop
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        loop.add_signal_handler(signal.SIGINT, self.shutdown, "SIGINT")
+        loop.add_signal_handler(signal.SIGTERM, self.shutdown, "SIGTERM")
+        loop.add_signal_handler(signal.SIGQUIT, self.shutdown, "now")
+        loop.add_signal_handler(signal.SIGUSR1, self.pause_all, True)
+        loop.add_signal_handler(signal.SIGUSR2, self.pause_all, False)
+
+    def pause_all(self, paused: bool) -> None:
+        for pool in self.pools.values():
+            pool.paused = paused
+            if not paused:
+                self.launch_servers(pool)
+                self._serve_waiting(pool)
+
+    # --- pools ----------------------------------------------------------------------------
+
+    def limits_for(self, entry: DatabaseEntry, user: str) -> PoolLimits:
+        cfg = self.settings.pooler
+        user_entry = self.settings.users.get(user)
+
+        def pick(*values: int | str | None) -> int | str:
+            return next(v for v in values if v is not None)
+
+        return PoolLimits(
+            pool_size=int(pick(entry.pool_size, user_entry.pool_size if user_entry else None,
+                               cfg.default_pool_size)),
+            min_pool_size=int(pick(entry.min_pool_size, cfg.min_pool_size)),
+            reserve_pool_size=int(pick(entry.reserve_pool_size, cfg.reserve_pool_size)),
+            reserve_pool_timeout=cfg.reserve_pool_timeout,
+            pool_mode=str(pick(user_entry.pool_mode if user_entry else None, entry.pool_mode,
+                               cfg.pool_mode)),
+        )
+
+    def pool_for(self, database: str, user: str) -> Pool | None:
+        entry = self.settings.database(database)
+        if entry is None:
+            return None
+        user = entry.user or user
+        key = (database, user)
+        pool = self.pools.get(key)
+        if pool is None:
+            pool = Pool(database, user, self.limits_for(entry, user))
+            self.pools[key] = pool
+            self.launch_servers(pool)
+        return pool
+
+    def credentials_for(self, entry: DatabaseEntry, user: str) -> ServerCredentials:
+        creds = ServerCredentials(user)
+        if entry.password:
+            creds.password = entry.password
+            return creds
+        secret = self.auth_secrets.get(user) or self.auth_query_secrets.get(user)
+        if secret is None:
+            return creds
+        if is_scram_verifier(secret):
+            creds.verifier = ScramVerifier.parse(secret)
+            creds.scram_client_key = self.scram_client_keys.get(user)
+        elif is_md5_hash(secret):
+            creds.md5_hash = secret
+        else:
+            creds.password = secret
+        return creds
+
+    def launch_servers(self, pool: Pool) -> None:
+        if pool.paused or pool.disabled or self.shutting_down == "now":
+            return
+        now = self.now()
+        if pool.login_error is not None:
+            if now - pool.login_error[1] < self.settings.pooler.server_login_retry:
+                return
+        cfg = self.settings.pooler
+        entry = self.settings.database(pool.database)
+        if entry is None:
+            return
+        room_db = room_user = 1 << 30
+        max_db = entry.max_db_connections or cfg.max_db_connections
+        if max_db:
+            room_db = max_db - self.servers_per_db.get(pool.database, 0)
+        user_entry = self.settings.users.get(pool.user)
+        max_user = (user_entry and user_entry.max_user_connections) or cfg.max_user_connections
+        if max_user:
+            room_user = max_user - self.servers_per_user.get(pool.user, 0)
+        oldest = pool.waiting[0].wait_start if pool.waiting else None
+        for _ in range(pool.servers_wanted(now, oldest, room_db, room_user)):
+            self._open_server(pool, entry)
+
+    def _open_server(self, pool: Pool, entry: DatabaseEntry) -> None:
+        startup: dict[str, str] = {}
+        if entry.application_name:
+            startup["application_name"] = entry.application_name
+        for key, name in (("client_encoding", "client_encoding"), ("datestyle", "DateStyle"),
+                          ("timezone", "TimeZone")):
+            value = getattr(entry, key)
+            if value:
+                startup[name] = value
+        server = ServerConnection(
+            self, pool, entry.host, entry.port, entry.server_dbname,
+            self.credentials_for(entry, pool.user), startup,
+        )
+        pool.login.add(server)
+        self.servers_per_db[pool.database] = self.servers_per_db.get(pool.database, 0) + 1
+        self.servers_per_user[pool.user] = self.servers_per_user.get(pool.user, 0) + 1
+        self._spawn(self._connect(server))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _connect(self, server: ServerConnection) -> None:
+        timeout = self.settings.pooler.server_connect_timeout or None
+        try:
+            async with asyncio.timeout(timeout):
+                await self.loop.create_connection(lambda: server, server.host, server.port)
+                await server.ready
+        except ServerLoginError as exc:
+            self._login_failed(server, exc.args[0], exc.error)
+        except (OSError, TimeoutError) as exc:
+            reason = "server connect timeout" if isinstance(exc, TimeoutError) else str(exc)
+            text = f"server connection failed: {reason}"
+            self._login_failed(server, text, m.error_response(text, "08006", "FATAL"))
+
+    def _login_failed(self, server: ServerConnection, text: str, error: bytes) -> None:
+        pool = server.pool
+        log.warning("%r: server login failed: %s", server, text)
+        pool.login_error = (error, self.now())
+        server.close(f"login failed: {text}")
+        self.server_closed(server, f"login failed: {text}")
+        for client in pool.awaiting_params:
+            client.write(error)
+            client.close("server login failed")
+        pool.awaiting_params.clear()
+
+    def server_logged_in(self, server: ServerConnection) -> None:
+        pool = server.pool
+        pool.login_error = None
+        if pool.server_params is None:
+            pool.server_params = dict(server.params)
+        if self.settings.pooler.log_connections:
+            log.info("%r: new server connection", server)
+        waiting_for_params, pool.awaiting_params = pool.awaiting_params, []
+        for client in waiting_for_params:
+            if client.state is ClientState.WELCOME:
+                client.welcome(pool.server_params)
+        self.server_available(server)
+
+    def server_closed(self, server: ServerConnection, reason: str) -> None:
+        """Forget a server that is gone; its client, if it had one, gets an error."""
+        if server.state is ServerState.CLOSED:
+            return
+        server.state = ServerState.CLOSED
+        pool = server.pool
+        pool.forget(server)
+        self.servers_per_db[pool.database] = self.servers_per_db.get(pool.database, 1) - 1
+        self.servers_per_user[pool.user] = self.servers_per_user.get(pool.user, 1) - 1
+        client = server.client
+        if client is not None:
+            server.client = None
+            client.server = None
+            client.fail(PoolerError("server conn crashed?", errors.PROTOCOL_VIOLATION))
+        if self.settings.pooler.log_disconnections and not reason.startswith("login failed"):
+            log.info("%r: closing because: %s", server, reason)
+        self.launch_servers(pool)
+
+    # --- clients --------------------------------------------------------------------------
+
+    def client_connected(self, client: ClientConnection) -> None:
+        self.clients.add(client)
+        self.login_clients.add(client)
+
+    def begin_authentication(self, client: ClientConnection) -> None:
+        cfg = self.settings.pooler
+        if self.shutting_down:
+            raise PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN)
+        if len(self.clients) > cfg.max_client_conn:
+            raise PoolerError("no more connections allowed (max_client_conn)",
+                              errors.TOO_MANY_CONNECTIONS)
+        secret = self.auth_secrets.get(client.user)
+        if secret is None and client.database not in ADMIN_DATABASES and cfg.auth_type not in (
+            "trust", "any"
+        ):
+            entry = self.settings.database(client.database)
+            auth_user = (entry and entry.auth_user) or cfg.auth_user
+            if entry is not None and auth_user:
+                self._spawn(self._auth_query(client, entry, auth_user))
+                return
+        client.start_auth(secret, cfg.auth_type)
+
+    async def _auth_query(self, client: ClientConnection, entry: DatabaseEntry,
+                          auth_user: str) -> None:
+        from .auth_query import run_auth_query
+
+        secret = None
+        try:
+            secret = await run_auth_query(
+                entry, auth_user, self.credentials_for(dataclasses.replace(entry, password=""),
+                                                       auth_user),
+                self.settings.pooler.auth_query, client.user,
+            )
+        except Exception as exc:  # noqa: BLE001 - any failure means "unknown user"
+            log.warning("%r: auth_query failed: %s", client, exc)
+        if secret:
+            self.auth_query_secrets[client.user] = secret
+        if client.state is ClientState.STARTUP:
+            try:
+                client.start_auth(secret, self.settings.pooler.auth_type)
+            except PoolerError as exc:
+                client.fail(exc)
+
+    def client_authenticated(self, client: ClientConnection, scram_key: bytes | None) -> None:
+        self.login_clients.discard(client)
+        if scram_key is not None:
+            self.scram_client_keys[client.user] = scram_key
+        while True:
+            key = (random.getrandbits(31), random.getrandbits(32))
+            if key not in self.cancel_keys:
+                break
+        client.cancel_key = key
+        if client.database in ADMIN_DATABASES:
+            from ..admin.console import open_console
+
+            open_console(self, client)
+            return
+        entry = self.settings.database(client.database)
+        if entry is None:
+            raise PoolerError(f"no such database: {client.database}", errors.PROTOCOL_VIOLATION)
+        pool = self.pool_for(client.database, client.user)
+        assert pool is not None
+        if pool.disabled:
+            raise PoolerError(f"database does not allow connections: {client.database}")
+        client.pool = pool
+        pool.clients.add(client)
+        self.cancel_keys[key] = client
+        if pool.server_params is not None:
+            client.welcome(pool.server_params)
+            return
+        if pool.login_error is not None:
+            fields = m.parse_error_fields(pool.login_error[0][5:])
+            raise PoolerError(
+                "server login has been failing, cached error: "
+                f"{fields.get('M', '')} (server_login_retry)"
+            )
+        pool.awaiting_params.append(client)
+        self.launch_servers(pool)
+
+    def client_closed(self, client: ClientConnection, reason: str) -> None:
+        if client.state is ClientState.CLOSED:
+            return
+        client.state = ClientState.CLOSED
+        self.clients.discard(client)
+        self.login_clients.discard(client)
+        self.cancel_keys.pop(client.cancel_key, None)
+        pool = client.pool
+        if pool is not None:
+            pool.clients.discard(client)
+            pool.unqueue(client)
+            if client in pool.awaiting_params:
+                pool.awaiting_params.remove(client)
+        server = client.server
+        if server is not None:
+            client.server = None
+            server.client = None
+            server.resume_reading()
+            clean = client.pending == 0 and not client.unsynced and client.tx_status == m.TX_IDLE
+            if clean:
+                cfg = self.settings.pooler
+                assert pool is not None
+                if cfg.server_reset_query and (
+                    pool.limits.pool_mode == "session" or cfg.server_reset_query_always
+                ):
+                    server.send_hidden_query(cfg.server_reset_query)
+                self.server_available(server)
+            else:
+                server.close("client disconnected with a transaction or query in progress")
+        if self.settings.pooler.log_disconnections and client.user:
+            log.info("%r: closing because: %s", client, reason)
+        self._maybe_exit()
+
+    # --- linking clients and servers ------------------------------------------------------
+
+    def request_server(self, client: ClientConnection) -> None:
+        """The client has sent something that needs a server."""
+        pool = client.pool
+        assert pool is not None
+        if not pool.paused:
+            server = pool.take_idle()
+            if server is not None:
+                self.link(client, server)
+                return
+        client.set_state(ClientState.WAITING)
+        client.wait_start = client.state_since
+        pool.enqueue(client)
+        self.launch_servers(pool)
+
+    def link(self, client: ClientConnection, server: ServerConnection) -> None:
+        pool = server.pool
+        now = self.now()
+        if client.state is ClientState.WAITING:
+            pool.stats.wait_time_us += int((now - client.wait_start) * 1e6)
+        pool.login.discard(server)
+        pool.active.add(server)
+        client.server = server
+        server.client = client
+        client.set_state(ClientState.ACTIVE)
+        server.set_state(ServerState.ACTIVE)
+        client.link_time = now
+        server.request_time = now
+        pool.stats.server_assignment_count += 1
+        sql = set_statements(client.params, server.params)
+        if sql:
+            server.send_hidden_query(sql)
+        data = client.take_outbox()
+        if data:
+            assert server.transport is not None
+            server.transport.write(data)
+
+    def release(self, client: ClientConnection) -> None:
+        """The client's transaction ended and nothing is owed: its server goes back."""
+        server = client.server
+        assert server is not None and client.pool is not None
+        now = self.now()
+        stats = client.pool.stats
+        stats.xact_count += 1
+        stats.xact_time_us += int((now - client.link_time) * 1e6)
+        client.server = None
+        server.client = None
+        server.resume_reading()
+        client.resume_reading()
+        client.set_state(ClientState.IDLE)
+        self.server_available(server)
+        if client.close_after_release:
+            client.fail(PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN))
+
+    def server_available(self, server: ServerConnection) -> None:
+        """A server with no client: hand it to the first waiting client, or keep it idle."""
+        pool = server.pool
+        now = self.now()
+        lifetime = self.settings.pooler.server_lifetime
+        if pool.disabled or (lifetime and now - server.connect_time > lifetime
+                             and server.state is not ServerState.LOGIN):
+            server.close("server lifetime over" if not pool.disabled else "database removed")
+            return
+        if not pool.paused:
+            while pool.waiting:
+                client = pool.waiting.popleft()
+                if client.state is ClientState.WAITING:
+                    self.link(client, server)
+                    return
+        server.set_state(ServerState.IDLE)
+        server.request_time = now
+        pool.put_idle(server)
+
+    def _serve_waiting(self, pool: Pool) -> None:
+        while pool.waiting and pool.idle and not pool.paused:
+            server = pool.take_idle()
+            client = pool.waiting.popleft()
+            assert server is not None
+            if client.state is ClientState.WAITING:
+                self.link(client, server)
+            else:
+                pool.put_idle(server)
+
+    # --- cancel ---------------------------------------------------------------------------
+
+    def forward_cancel(self, pid: int, secret: int) -> None:
+        """A CancelRequest with a pooler-issued key goes to the server that client holds."""
+        client = self.cancel_keys.get((pid, secret))
+        if client is None or client.server is None:
+            return
+        server = client.server
+        self._spawn(_send_cancel(server.host, server.port, server.backend_pid,
+                                 server.backend_secret))
+
+    # --- the janitor ----------------------------------------------------------------------
+
+    async def _janitor_loop(self) -> None:
+        while True:
+            await asyncio.sleep(JANITOR_PERIOD)
+            try:
+                self.janitor()
+            except Exception:  # noqa: BLE001 - the janitor must outlive any one bug
+                log.exception("janitor failed")
+
+    def janitor(self) -> None:
+        """Enforce the timeouts and keep the pools at their sizes."""
+        cfg = self.settings.pooler
+        now = self.now()
+        if cfg.client_login_timeout:
+            for client in list(self.login_clients):
+                if now - client.connect_time > cfg.client_login_timeout:
+                    client.fail(PoolerError("client_login_timeout"))
+        for pool in list(self.pools.values()):
+            if cfg.query_wait_timeout:
+                while pool.waiting and (
+                    now - pool.waiting[0].wait_start > cfg.query_wait_timeout
+                ):
+                    pool.waiting[0].fail(PoolerError("query_wait_timeout"))
+            for server in list(pool.active):
+                client = server.client
+                if client is None:
+                    continue
+                if client.pending or client.unsynced:
+                    if cfg.query_timeout and now - client.query_start > cfg.query_timeout:
+                        server.close("query timeout")
+                        client.fail(PoolerError("query timeout", errors.QUERY_CANCELED))
+                elif (
+                    cfg.idle_transaction_timeout
+                    and client.tx_status != m.TX_IDLE
+                    and now - client.state_since > cfg.idle_transaction_timeout
+                ):
+                    server.close("idle transaction timeout")
+                    client.fail(PoolerError("idle transaction timeout"))
+            keep = pool.limits.min_pool_size
+            for server in list(pool.idle):
+                if len(pool.idle) + len(pool.active) <= keep:
+                    break
+                idle_for = now - server.request_time
+                if (cfg.server_idle_timeout and idle_for > cfg.server_idle_timeout) or (
+                    cfg.server_lifetime and now - server.connect_time > cfg.server_lifetime
+                ):
+                    server.close("server idle timeout" if idle_for > cfg.server_idle_timeout
+                                 else "server lifetime over")
+            self.launch_servers(pool)
+        if cfg.client_idle_timeout:
+            for client in list(self.clients):
+                if client.state is ClientState.IDLE and (
+                    now - client.state_since > cfg.client_idle_timeout
+                ):
+                    client.fail(PoolerError("client_idle_timeout"))
+
+
+async def _send_cancel(host: str, port: int, pid: int, secret: int) -> None:
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(m.cancel_request(pid, secret))
+        await writer.drain()
+        await reader.read()
+        writer.close()
+    except OSError as exc:
+        log.warning("cancel to %s:%d failed: %s", host, port, exc)

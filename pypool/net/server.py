@@ -1,0 +1,346 @@
+"""One connection from the pooler to PostgreSQL: its login, and the server-to-client hot path.
+
+States (one line each):
+  CONNECTING  TCP connect in progress
+  LOGIN       StartupMessage sent, authenticating, collecting ParameterStatus/BackendKeyData
+  IDLE        logged in, in its pool's idle stack, no client
+  ACTIVE      linked to a client; its replies are forwarded to that client
+  CLOSED      gone; never reused
+
+The server is never handed on while replies are owed: the release decision is taken on a
+ReadyForQuery with status `I` when the linked client owes nothing more (see client.py).
+Replies to queries the pooler sends itself (SET for session parameters, the reset query)
+are counted in `hidden_syncs` and swallowed up to their ReadyForQuery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from ..auth.md5 import md5_response_from_secret
+from ..auth.scram import MECHANISM, ScramAuthError, ScramClientLogin, ScramVerifier
+from ..protocol import messages as m
+from ..protocol.framing import MessageBuffer
+
+if TYPE_CHECKING:
+    from ..pooling.pool import Pool
+    from .client import ClientConnection
+    from .pooler import Pooler, ServerCredentials
+
+log = logging.getLogger("pypool.server")
+
+
+class ServerState(Enum):
+    CONNECTING = "connecting"
+    LOGIN = "login"
+    IDLE = "idle"
+    ACTIVE = "active"
+    CLOSED = "closed"
+
+
+_ALLOWED = {
+    ServerState.CONNECTING: {ServerState.LOGIN, ServerState.CLOSED},
+    ServerState.LOGIN: {ServerState.IDLE, ServerState.ACTIVE, ServerState.CLOSED},
+    ServerState.IDLE: {ServerState.ACTIVE, ServerState.CLOSED},
+    ServerState.ACTIVE: {ServerState.IDLE, ServerState.CLOSED},
+    ServerState.CLOSED: set(),
+}
+
+_ids = iter(range(1, 1 << 62))
+
+
+class ServerLoginError(Exception):
+    """The server refused the login; `error` is its ErrorResponse, ready to forward."""
+
+    def __init__(self, text: str, error: bytes) -> None:
+        super().__init__(text)
+        self.error = error
+
+
+class ServerConnection(asyncio.Protocol):
+    """A server connection. The pooler owns it; a client borrows it for a transaction."""
+
+    def __init__(
+        self, pooler: Pooler, pool: Pool, host: str, port: int, dbname: str,
+        credentials: ServerCredentials, startup_params: dict[str, str],
+    ) -> None:
+        self.id = next(_ids)
+        self.pooler = pooler
+        self.pool = pool
+        self.host = host
+        self.port = port
+        self.dbname = dbname
+        self.credentials = credentials
+        self.startup_params = startup_params
+        self.state = ServerState.CONNECTING
+        self.transport: asyncio.Transport | None = None
+        self.client: ClientConnection | None = None
+        self.params: dict[str, str] = {}
+        self.backend_pid = 0
+        self.backend_secret = 0
+        now = pooler.now()
+        self.connect_time = now
+        self.request_time = now  # when last linked or released
+        self.hidden_syncs = 0
+        self.close_reason = ""
+        self.local_port = 0
+        self.ready: asyncio.Future[None] = pooler.loop.create_future()
+        self._login_buffer = MessageBuffer()
+        self._scram: ScramClientLogin | None = None
+        # Hot-path framing state: bytes of an unparsed message body still to pass through,
+        # and an incomplete message held back until its end arrives.
+        self._skip = 0
+        self._partial = b""
+        self._reading_paused = False
+
+    # --- state ----------------------------------------------------------------------------
+
+    def set_state(self, new: ServerState) -> None:
+        if new not in _ALLOWED[self.state]:
+            raise RuntimeError(f"server {self.id}: illegal transition {self.state} -> {new}")
+        self.state = new
+
+    def __repr__(self) -> str:
+        return f"S-{self.id}:{self.pool.database}/{self.pool.user}@{self.host}:{self.port}"
+
+    # --- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.local_port = sock.getsockname()[1]
+            except OSError:
+                pass
+        self.set_state(ServerState.LOGIN)
+        params = {"user": self.credentials.user, "database": self.dbname}
+        params.update(self.startup_params)
+        transport.write(m.startup_message(params))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.state is ServerState.CLOSED:
+            return
+        if not self.ready.done():
+            self.ready.set_exception(
+                ServerLoginError(
+                    "server closed the connection during login",
+                    m.error_response("server closed the connection during login", "08006",
+                                     "FATAL"),
+                )
+            )
+        self.pooler.server_closed(self, self.close_reason or "server closed the connection")
+
+    def pause_writing(self) -> None:
+        if self.client is not None:
+            self.client.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.client is not None:
+            self.client.resume_reading()
+
+    def pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def close(self, reason: str) -> None:
+        """Close now. The pooler is told through connection_lost."""
+        if self.state is ServerState.CLOSED or self.transport is None:
+            return
+        self.close_reason = reason
+        if self.state in (ServerState.IDLE, ServerState.ACTIVE):
+            try:
+                self.transport.write(m.terminate())
+            except Exception:  # noqa: BLE001 - the socket may already be gone
+                pass
+        self.transport.close()
+
+    def send_hidden_query(self, sql: str) -> None:
+        """Send a query whose replies the client must not see."""
+        assert self.transport is not None
+        self.hidden_syncs += 1
+        self.transport.write(m.query(sql))
+
+    # --- login ----------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self.state is ServerState.LOGIN:
+            self._login_data(data)
+        else:
+            self._relay(data)
+
+    def _login_data(self, data: bytes) -> None:
+        self._login_buffer.feed(data)
+        try:
+            for kind, body in self._login_buffer.messages():
+                self._login_message(kind, body)
+                if self.state is not ServerState.LOGIN:
+                    rest = self._login_buffer.take_rest()
+                    if rest:
+                        self._relay(rest)
+                    return
+        except ServerLoginError as exc:
+            self._fail_login(exc)
+        except (ScramAuthError, ValueError, KeyError, IndexError) as exc:
+            text = f"server login failed: {exc}"
+            self._fail_login(ServerLoginError(text, m.error_response(text, "08P01", "FATAL")))
+
+    def _fail_login(self, exc: ServerLoginError) -> None:
+        if not self.ready.done():
+            self.ready.set_exception(exc)
+        self.close(f"login failed: {exc}")
+
+    def _login_message(self, kind: int, body: bytes) -> None:
+        if kind == m.AUTHENTICATION:
+            code, payload = m.parse_authentication(body)
+            self._authenticate(code, payload)
+        elif kind == m.PARAMETER_STATUS:
+            name, value = m.parse_parameter_status(body)
+            self.params[name] = value
+        elif kind == m.BACKEND_KEY_DATA:
+            self.backend_pid, self.backend_secret = m.parse_backend_key_data(body)
+        elif kind == m.ERROR_RESPONSE:
+            fields = m.parse_error_fields(body)
+            raise ServerLoginError(fields.get("M", "server login failed"), m.message(kind, body))
+        elif kind == m.READY_FOR_QUERY:
+            self.ready.set_result(None)
+            self.pooler.server_logged_in(self)
+        elif kind in (m.NOTICE_RESPONSE, m.NEGOTIATE_PROTOCOL_VERSION):
+            pass
+        else:
+            raise ValueError(f"unexpected message {chr(kind)!r} during login")
+
+    def _authenticate(self, code: int, payload: bytes) -> None:
+        assert self.transport is not None
+        creds = self.credentials
+        if code == m.AUTH_OK:
+            return
+        if code == m.AUTH_CLEARTEXT_PASSWORD:
+            if creds.password is None:
+                raise self._no_password("cleartext")
+            self.transport.write(m.password_message(m.cstring(creds.password)))
+        elif code == m.AUTH_MD5_PASSWORD:
+            secret = creds.password or creds.md5_hash
+            if secret is None:
+                raise self._no_password("md5")
+            response = md5_response_from_secret(secret, creds.user, payload[:4])
+            self.transport.write(m.password_message(m.cstring(response)))
+        elif code == m.AUTH_SASL:
+            if MECHANISM not in m.parse_sasl_mechanisms(payload):
+                raise self._no_password("SASL without SCRAM-SHA-256")
+            if creds.password is not None:
+                self._scram = ScramClientLogin(creds.user, password=creds.password)
+            elif creds.scram_client_key is not None and creds.verifier is not None:
+                self._scram = ScramClientLogin(
+                    creds.user, client_key=creds.scram_client_key,
+                    server_key=creds.verifier.server_key,
+                )
+            else:
+                raise self._no_password("SCRAM")
+            self.transport.write(m.sasl_initial_response(MECHANISM, self._scram.client_first()))
+        elif code == m.AUTH_SASL_CONTINUE:
+            if self._scram is None:
+                raise ValueError("SASLContinue without SASL")
+            self.transport.write(m.password_message(self._scram.server_first(payload)))
+        elif code == m.AUTH_SASL_FINAL:
+            if self._scram is None:
+                raise ValueError("SASLFinal without SASL")
+            self._scram.server_final(payload)
+        else:
+            raise self._no_password(f"authentication method {code}")
+
+    def _no_password(self, method: str) -> ServerLoginError:
+        text = (
+            f"cannot do {method} authentication to the server for user "
+            f'"{self.credentials.user}": no usable password'
+        )
+        return ServerLoginError(text, m.error_response(text, "08P01", "FATAL"))
+
+    # --- the hot path: server to client ---------------------------------------------------
+
+    def _relay(self, data: bytes) -> None:
+        """Forward the server's bytes to the linked client, acting on the few messages that
+        matter: ReadyForQuery (release), ParameterStatus (tracking), ErrorResponse
+        (counting). Everything else streams through untouched."""
+        if self._partial:
+            data = self._partial + data
+            self._partial = b""
+        n = len(data)
+        pos = self._skip
+        if pos >= n and not self.hidden_syncs:
+            self._skip = pos - n
+            if self.client is not None:
+                self.client.write(data)
+            return
+        self._skip = 0
+        out = 0  # start of the bytes not yet written to the client
+        while n - pos >= 5:
+            kind = data[pos]
+            end = pos + 1 + int.from_bytes(data[pos + 1 : pos + 5], "big")
+            if kind == m.READY_FOR_QUERY or kind == m.PARAMETER_STATUS or self.hidden_syncs:
+                if end > n:
+                    break
+                if self.hidden_syncs:
+                    client = self.client
+                    if client is not None and out < pos:
+                        client.write(data[out:pos])
+                    out = end
+                    self._hidden_message(kind, data[pos + 5 : end])
+                elif kind == m.READY_FOR_QUERY:
+                    client = self.client
+                    if client is None:
+                        out = end
+                    else:
+                        client.write(data[out:end])
+                        out = end
+                        client.ready_for_query(data[pos + 5])
+                else:
+                    self._parameter_status(data[pos + 5 : end])
+            elif kind == m.ERROR_RESPONSE:
+                self.pool.stats.errors["server"] = self.pool.stats.errors.get("server", 0) + 1
+                if end > n:
+                    self._skip = end - n
+                    pos = n
+                    break
+            elif end > n:
+                self._skip = end - n
+                pos = n
+                break
+            pos = end
+        if pos < n:
+            self._partial = data[pos:]
+        if out < pos:
+            client = self.client
+            if client is not None:
+                client.write(data[out:pos] if out or pos < n else data)
+
+    def _parameter_status(self, body: bytes) -> None:
+        name, value = m.parse_parameter_status(body)
+        self.params[name] = value
+        if self.client is not None:
+            self.client.params_seen(name, value)
+
+    def _hidden_message(self, kind: int, body: bytes) -> None:
+        if kind == m.READY_FOR_QUERY:
+            self.hidden_syncs -= 1
+        elif kind == m.PARAMETER_STATUS:
+            self._parameter_status(body)
+        elif kind == m.ERROR_RESPONSE:
+            fields = m.parse_error_fields(body)
+            log.warning("%r: pooler-issued query failed: %s %s", self, fields.get("C"),
+                        fields.get("M"))
+
+
+def verifier_of(secret: str | None) -> ScramVerifier | None:
+    return ScramVerifier.parse(secret) if secret else None

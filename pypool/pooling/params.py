@@ -1,0 +1,46 @@
+"""Session parameters the pooler tracks per client and per server.
+
+In transaction mode a client's transactions land on different servers. The parameters a
+client can see change through ParameterStatus (client_encoding, DateStyle, TimeZone,
+IntervalStyle, standard_conforming_strings, application_name, plus track_extra_parameters)
+are remembered per client; when a client lands on a server whose values differ, the pooler
+first sends SET for the difference and hides the replies.
+"""
+
+from __future__ import annotations
+
+TRACKED = (
+    "client_encoding",
+    "DateStyle",
+    "TimeZone",
+    "IntervalStyle",
+    "standard_conforming_strings",
+    "application_name",
+)
+
+# Startup parameters are case-insensitive; ParameterStatus uses these spellings.
+_CANONICAL = {name.lower(): name for name in TRACKED}
+
+
+def canonical_name(name: str, extra: tuple[str, ...] = ()) -> str | None:
+    """The ParameterStatus spelling of a tracked startup parameter, or None if untracked."""
+    lowered = name.lower()
+    if lowered in _CANONICAL:
+        return _CANONICAL[lowered]
+    for candidate in extra:
+        if candidate.lower() == lowered:
+            return candidate
+    return None
+
+
+def quote_literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def set_statements(wanted: dict[str, str], current: dict[str, str]) -> str:
+    """SQL that makes a server's `current` parameters match `wanted`; "" when they do."""
+    parts = []
+    for name, value in wanted.items():
+        if current.get(name) != value:
+            parts.append(f"SET {name} = {quote_literal(value)};")
+    return " ".join(parts)

@@ -1,0 +1,131 @@
+"""One pool per (database, user): its servers, its waiting clients, its counters.
+
+Theory of operation. A server is in exactly one of three places: `login` (connecting and
+authenticating), `idle` (a LIFO stack: the most recently used server is reused first, so the
+others can age out through server_idle_timeout), or `active` (linked to a client). Clients
+that need a server and find none idle wait in `waiting`, served first-in first-out. The pool
+never opens sockets itself: `servers_wanted` tells the asyncio layer how many to open, within
+pool_size (plus reserve_pool_size once a client has waited reserve_pool_timeout) and the
+database-wide and user-wide caps.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class PoolLimits:
+    """The sizes that govern one pool, resolved from [databases], [users] and [pgbouncer]."""
+
+    pool_size: int
+    min_pool_size: int
+    reserve_pool_size: int
+    reserve_pool_timeout: float
+    pool_mode: str
+
+
+@dataclass
+class PoolStats:
+    """Plain integer counters, read by the admin console and metrics at their own pace."""
+
+    server_assignment_count: int = 0
+    xact_count: int = 0
+    query_count: int = 0
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    xact_time_us: int = 0
+    query_time_us: int = 0
+    wait_time_us: int = 0
+    client_parse_count: int = 0
+    server_parse_count: int = 0
+    bind_count: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class Pool:
+    """Servers and waiting clients of one (database, user). Servers and clients are opaque."""
+
+    def __init__(self, database: str, user: str, limits: PoolLimits) -> None:
+        self.database = database
+        self.user = user
+        self.limits = limits
+        self.idle: list[Any] = []
+        self.active: set[Any] = set()
+        self.login: set[Any] = set()
+        self.waiting: deque[Any] = deque()
+        self.clients: set[Any] = set()
+        # Clients past authentication waiting for server_params before their welcome.
+        self.awaiting_params: list[Any] = []
+        # ParameterStatus values of the first server to log in, shown to clients at login.
+        self.server_params: dict[str, str] | None = None
+        # The last server login error and when it happened (server_login_retry).
+        self.login_error: tuple[bytes, float] | None = None
+        self.paused = False
+        self.disabled = False
+        self.stats = PoolStats()
+
+    @property
+    def server_count(self) -> int:
+        return len(self.idle) + len(self.active) + len(self.login)
+
+    def take_idle(self) -> Any | None:
+        """The most recently released idle server, moved to active; None if there is none."""
+        if not self.idle:
+            return None
+        server = self.idle.pop()
+        self.active.add(server)
+        return server
+
+    def put_idle(self, server: Any) -> None:
+        self.active.discard(server)
+        self.login.discard(server)
+        self.idle.append(server)
+
+    def forget(self, server: Any) -> None:
+        """The server is closed: drop it from wherever it was."""
+        self.active.discard(server)
+        self.login.discard(server)
+        try:
+            self.idle.remove(server)
+        except ValueError:
+            pass
+
+    def enqueue(self, client: Any) -> None:
+        self.waiting.append(client)
+
+    def dequeue(self) -> Any | None:
+        return self.waiting.popleft() if self.waiting else None
+
+    def unqueue(self, client: Any) -> None:
+        try:
+            self.waiting.remove(client)
+        except ValueError:
+            pass
+
+    def servers_wanted(
+        self, now: float, oldest_wait_start: float | None, room_db: int, room_user: int
+    ) -> int:
+        """How many new servers to open now.
+
+        Enough for the waiting clients not already covered by logins in progress, and for
+        min_pool_size, within pool_size (or pool_size + reserve_pool_size when the oldest
+        waiter has waited reserve_pool_timeout) and the room left under max_db_connections
+        and max_user_connections.
+        """
+        limits = self.limits
+        cap = limits.pool_size
+        if (
+            limits.reserve_pool_size > 0
+            and oldest_wait_start is not None
+            and now - oldest_wait_start >= limits.reserve_pool_timeout
+        ):
+            cap += limits.reserve_pool_size
+        need = len(self.waiting) - len(self.login)
+        if self.awaiting_params and self.server_params is None and not self.login:
+            need = max(need, 1)
+        need = max(need, limits.min_pool_size - self.server_count)
+        room = min(cap - self.server_count, room_db, room_user)
+        return max(0, min(need, room))
