@@ -97,10 +97,13 @@ def free_port(start: int) -> int:
 def machine() -> str:
     meminfo = Path("/proc/meminfo").read_text().split("\n", 1)[0].split()
     model = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-         if line.startswith("model name")),
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
         platform.processor() or "unknown CPU",
-    )  # fmt: skip
+    )
     return (
         f"{os.cpu_count()} CPUs ({model}), {int(meminfo[1]) / 1024**2:.1f} GiB RAM, "
         f"Linux {platform.release()}"
@@ -109,15 +112,23 @@ def machine() -> str:
 
 def pypool_version() -> str:
     repo = poolers.REPO
-    version = subprocess.run(
-        [sys.executable, "-c", "import pypool; print(pypool.__version__)"],
-        capture_output=True, text=True, cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo)),
-    ).stdout.strip() or "unknown"  # fmt: skip
+    version = (
+        subprocess.run(
+            [sys.executable, "-c", "import pypool; print(pypool.__version__)"],
+            capture_output=True,
+            text=True,
+            cwd=repo,
+            env=dict(os.environ, PYTHONPATH=str(repo)),
+        ).stdout.strip()
+        or "unknown"
+    )
     git = ["git", "-C", str(repo)]
-    revision = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip()  # fmt: skip
-    dirty = subprocess.run([*git, "status", "--porcelain", "--", "pypool"], capture_output=True,
-                           text=True).stdout.strip()  # fmt: skip
+    revision = subprocess.run(
+        [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        [*git, "status", "--porcelain", "--", "pypool"], capture_output=True, text=True
+    ).stdout.strip()
     return f"{version} (git {revision}{'+uncommitted' if dirty else ''})"
 
 
@@ -132,8 +143,10 @@ def check_fd_limit(selected: list[scenarios.Scenario]) -> int:
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     needed = max((s.idle_clients for s in selected), default=0) + IDLE_FD_HEADROOM
     if soft < needed:
-        print(f"WARNING: open-files limit {soft} < {needed}: idle scenarios will fail "
-              "(run through bench/run, which raises it)")  # fmt: skip
+        print(
+            f"WARNING: open-files limit {soft} < {needed}: idle scenarios will fail "
+            "(run through bench/run, which raises it)"
+        )
     return soft
 
 
@@ -141,8 +154,10 @@ def describe(result: dict) -> str:
     if not result["ok"]:
         return f"FAILED: {result['error']}"
     if "clients" in result:
-        return (f"{result['connected']} connected in {result['connect_s']:.1f} s, "
-                f"RSS {report.fmt(result.get('rss_mib'))} MiB")  # fmt: skip
+        return (
+            f"{result['connected']} connected in {result['connect_s']:.1f} s, "
+            f"RSS {report.fmt(result.get('rss_mib'))} MiB"
+        )
     latency = result.get("latency_ms", {})
     text = f"{report.fmt(result['tps'])} tps, p99 {report.fmt(latency.get('p99'))} ms"
     if "queue_wait_ms" in result:
@@ -154,8 +169,13 @@ def describe(result: dict) -> str:
 
 def run_all(args, selected, targets, ctx) -> list[dict]:
     """Every scenario, round by round, each target once per round in the given order."""
-    plan = [(s, r, t) for s in selected for r in range(1, args.reps + 1) for t in targets
-            if t.kind != "direct" or s.direct]  # fmt: skip
+    plan = [
+        (s, r, t)
+        for s in selected
+        for r in range(1, args.reps + 1)
+        for t in targets
+        if t.kind != "direct" or s.direct
+    ]
     runs = []
     for number, (scenario, round_number, target) in enumerate(plan, 1):
         if target.unavailable:
@@ -189,8 +209,10 @@ def main() -> None:
     pgbouncer_binary, pgbouncer_version, pgbouncer_how = pgbouncer_build.OS_BINARY, None, ""
     if "pgbouncer" in args.poolers:
         pgbouncer_binary, pgbouncer_version, pgbouncer_how = pgbouncer_build.resolve(CACHE)
-        print(f"Comparing against PgBouncer {pgbouncer_build.version_text(pgbouncer_version)}: "
-              f"{pgbouncer_binary} ({pgbouncer_how})")  # fmt: skip
+        print(
+            f"Comparing against PgBouncer {pgbouncer_build.version_text(pgbouncer_version)}: "
+            f"{pgbouncer_binary} ({pgbouncer_how})"
+        )
     has_prepared = bool(pgbouncer_version and pgbouncer_version >= pgbouncer_build.MIN_VERSION)
 
     stamp = datetime.datetime.now(datetime.UTC)
@@ -199,19 +221,31 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="pypool-bench-"))
     workdir.chmod(0o755)  # the postgres user works in here too
     cluster = pg_cluster.Cluster(
-        bindir=pg_cluster.newest_bindir(), workdir=workdir, port=free_port(15432),
-        user="bench", password="bench-password", dbname="bench",
-    )  # fmt: skip
+        bindir=pg_cluster.newest_bindir(),
+        workdir=workdir,
+        port=free_port(15432),
+        user="bench",
+        password="bench-password",
+        dbname="bench",
+    )
     targets: list[poolers.Target] = []
     try:
-        print(f"PostgreSQL {cluster.version()}: initdb in {workdir}, port {cluster.port}, "
-              f"pgbench -i -s {PGBENCH_SCALE} ...", flush=True)  # fmt: skip
+        print(
+            f"PostgreSQL {cluster.version()}: initdb in {workdir}, port {cluster.port}, "
+            f"pgbench -i -s {PGBENCH_SCALE} ...",
+            flush=True,
+        )
         cluster.create()
         cluster.load_pgbench(PGBENCH_SCALE)
         targets = poolers.make_targets(
-            args.poolers, args.workers, cluster, workdir, free_port(cluster.port + 1000),
-            pgbouncer_binary, has_prepared,
-        )  # fmt: skip
+            args.poolers,
+            args.workers,
+            cluster,
+            workdir,
+            free_port(cluster.port + 1000),
+            pgbouncer_binary,
+            has_prepared,
+        )
         ctx = scenarios.Context(cluster, workdir, rawdir, args.duration)
         runs = run_all(args, selected, targets, ctx)
     finally:

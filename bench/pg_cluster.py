@@ -89,9 +89,17 @@ class Cluster:
             for path in (socket_dir, self.datadir, pwfile, self.logfile):
                 shutil.chown(path, "postgres", "postgres")
         self._owner_run(
-            self.bindir / "initdb", "-D", self.datadir, "-U", self.user, f"--pwfile={pwfile}",
-            "--auth=scram-sha-256", "--encoding=UTF8", "--locale=C", "--no-sync",
-        )  # fmt: skip
+            self.bindir / "initdb",
+            "-D",
+            self.datadir,
+            "-U",
+            self.user,
+            f"--pwfile={pwfile}",
+            "--auth=scram-sha-256",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-sync",
+        )
         pwfile.unlink()
         settings = dict(SERVER_SETTINGS, port=str(self.port))
         settings["unix_socket_directories"] = f"'{socket_dir}'"
@@ -116,10 +124,14 @@ class Cluster:
         """Run statements directly against the server; return the last one's rows."""
         return asyncio.run(
             pgwire.run_sql(
-                "127.0.0.1", self.port, self.user, self.password, dbname or self.dbname,
+                "127.0.0.1",
+                self.port,
+                self.user,
+                self.password,
+                dbname or self.dbname,
                 *statements,
             )
-        )  # fmt: skip
+        )
 
     def load_pgbench(self, scale: int) -> None:
         """Create the benchmark database and fill it with ``pgbench -i -s scale``."""

@@ -22,8 +22,13 @@ MIN_VERSION = (1, 21)
 SOURCE_SUITE = "trixie"
 SOURCES_FILE = Path("/etc/apt/sources.list.d/pypool-bench-trixie-src.list")
 BUILD_PACKAGES = [
-    "build-essential", "dpkg-dev", "pkg-config", "libevent-dev", "libssl-dev", "libc-ares-dev",
-]  # fmt: skip
+    "build-essential",
+    "dpkg-dev",
+    "pkg-config",
+    "libevent-dev",
+    "libssl-dev",
+    "libc-ares-dev",
+]
 
 
 def binary_version(binary: Path) -> tuple[int, ...] | None:

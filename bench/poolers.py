@@ -55,32 +55,41 @@ class Target:
             return
         assert self.logfile is not None
         with open(self.logfile, "a") as log:
-            log.write(f"\n=== {time.strftime('%H:%M:%S')} {' '.join(self.command)}\n")
+            log.write(f"=== {time.strftime('%H:%M:%S')} {' '.join(self.command)}\n")
             log.flush()
-            self.process = subprocess.Popen(
-                self.command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group, so workers stop with it
-                **self.popen_kwargs,
-            )
+            try:
+                self.process = subprocess.Popen(
+                    self.command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group, so workers stop with it
+                    **self.popen_kwargs,
+                )
+            except OSError as error:
+                raise PoolerError(f"{self.name} could not be started: {error}") from error
         deadline = time.monotonic() + timeout
         last_error = "no answer"
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 self.process = None
-                raise PoolerError(f"{self.name} exited at start-up\n{self.log_tail()}")
+                tail = self.log_tail()
+                last = tail.splitlines()[-1].removeprefix("    | ") if tail else ""
+                raise PoolerError(f"{self.name} exited at start-up: {last}\n{tail}")
             try:
                 asyncio.run(
                     asyncio.wait_for(
                         pgwire.run_sql(
-                            "127.0.0.1", self.port, cluster.user, cluster.password,
-                            cluster.dbname, "SELECT 1",
+                            "127.0.0.1",
+                            self.port,
+                            cluster.user,
+                            cluster.password,
+                            cluster.dbname,
+                            "SELECT 1",
                         ),
                         timeout=3,
                     )
-                )  # fmt: skip
+                )
                 return
             except (OSError, EOFError, TimeoutError, pgwire.PgError) as error:
                 last_error = repr(error)
@@ -116,7 +125,8 @@ class Target:
     def log_tail(self, lines: int = 15) -> str:
         if not self.logfile or not self.logfile.exists():
             return ""
-        tail = self.logfile.read_text(errors="replace").splitlines()[-lines:]
+        text = self.logfile.read_text(errors="replace")
+        tail = [line for line in text.splitlines() if line.strip()][-lines:]
         return "\n".join(f"    | {line}" for line in tail)
 
 
@@ -166,12 +176,14 @@ def make_targets(
         elif name == "pgbouncer":
             targets.append(
                 Target(
-                    "pgbouncer", "pgbouncer", listen_port,
+                    "pgbouncer",
+                    "pgbouncer",
+                    listen_port,
                     command=[str(pgbouncer_binary), str(pgbouncer_ini)],
                     popen_kwargs=dict(cwd=workdir, **pg_cluster.owner_kwargs()),
                     logfile=workdir / "pgbouncer.log",
                 )
-            )  # fmt: skip
+            )
         else:
             for count in workers or [None]:
                 variant = "pypool" if count is None else f"pypool-w{count}"
@@ -183,11 +195,12 @@ def make_targets(
                 env = dict(os.environ, PYTHONPATH=str(REPO))
                 targets.append(
                     Target(
-                        variant, "pypool", listen_port,
+                        variant,
+                        "pypool",
+                        listen_port,
                         command=[sys.executable, "-m", "pypool", str(ini)],
                         popen_kwargs=dict(cwd=REPO, env=env),
                         logfile=workdir / f"{variant}.log",
                     )
-                )  # fmt: skip
+                )
     return targets
-

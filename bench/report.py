@@ -14,11 +14,22 @@ from pathlib import Path
 from scenarios import Scenario
 
 AGGREGATED = [
-    "tps", "latency_ms.avg", "latency_ms.p50", "latency_ms.p95", "latency_ms.p99",
-    "queue_wait_ms.p50", "queue_wait_ms.p95", "queue_wait_ms.p99", "queue_wait_ms.max",
-    "pooler_cpu_s_per_1k", "pg_cpu_s_per_1k", "rss_mib", "rss_before_mib",
-    "kib_per_client", "connect_s",
-]  # fmt: skip
+    "tps",
+    "latency_ms.avg",
+    "latency_ms.p50",
+    "latency_ms.p95",
+    "latency_ms.p99",
+    "queue_wait_ms.p50",
+    "queue_wait_ms.p95",
+    "queue_wait_ms.p99",
+    "queue_wait_ms.max",
+    "pooler_cpu_s_per_1k",
+    "pg_cpu_s_per_1k",
+    "rss_mib",
+    "rss_before_mib",
+    "kib_per_client",
+    "connect_s",
+]
 METRIC_LABELS = {"tps": "TPS", "rss_mib": "RSS MiB", "queue_wait_p99_ms": "queue wait p99"}
 
 
@@ -65,8 +76,10 @@ def summarize(runs: list[dict], scenarios: list[Scenario], targets: list[str]) -
             if not of_target:
                 continue
             ok = [run for run in of_target if run["ok"]]
-            stats = {key: _spread([v for run in ok if (v := value(run, key)) is not None])
-                     for key in AGGREGATED}  # fmt: skip
+            stats = {
+                key: _spread([v for run in ok if (v := value(run, key)) is not None])
+                for key in AGGREGATED
+            }
             per_target[target] = {
                 "ok_runs": len(ok),
                 "failed_runs": len(of_target) - len(ok),
@@ -87,8 +100,9 @@ def summarize(runs: list[dict], scenarios: list[Scenario], targets: list[str]) -
     return summary
 
 
-def write_json(path: Path, meta: dict, scenarios: list[Scenario], runs: list[dict],
-               summary: dict) -> None:  # fmt: skip
+def write_json(
+    path: Path, meta: dict, scenarios: list[Scenario], runs: list[dict], summary: dict
+) -> None:
     described = [
         {
             "name": s.name,
@@ -127,8 +141,9 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
 
 
-def write_markdown(path: Path, meta: dict, scenarios: list[Scenario], runs: list[dict],
-                   summary: dict) -> None:  # fmt: skip
+def write_markdown(
+    path: Path, meta: dict, scenarios: list[Scenario], runs: list[dict], summary: dict
+) -> None:
     lines = [
         f"# pypool benchmark, {meta['date']}",
         "",
@@ -146,11 +161,18 @@ def write_markdown(path: Path, meta: dict, scenarios: list[Scenario], runs: list
         for variant, ratio in entry["ratios"].items():
             better = "higher" if ratio["higher_is_better"] else "lower"
             cpu = _spread(ratio["pooler_cpu_pairs"])
-            ratio_rows.append([
-                name, variant, METRIC_LABELS.get(ratio["metric"], ratio["metric"]), better,
-                f"**{ratio['median']:.2f}**", f"{ratio['min']:.2f}–{ratio['max']:.2f}",
-                str(len(ratio["pairs"])), f"{cpu['median']:.2f}" if cpu else "—",
-            ])  # fmt: skip
+            ratio_rows.append(
+                [
+                    name,
+                    variant,
+                    METRIC_LABELS.get(ratio["metric"], ratio["metric"]),
+                    better,
+                    f"**{ratio['median']:.2f}**",
+                    f"{ratio['min']:.2f}–{ratio['max']:.2f}",
+                    ", ".join(f"{pair:.2f}" for pair in ratio["pairs"]),
+                    f"{cpu['median']:.2f}" if cpu else "—",
+                ]
+            )
     lines += ["## pypool / PgBouncer", ""]
     if ratio_rows:
         lines += [
@@ -159,10 +181,18 @@ def write_markdown(path: Path, meta: dict, scenarios: list[Scenario], runs: list
             "",
         ]
         lines += _table(
-            ["Scenario", "pypool", "Metric", "better", "ratio", "min–max", "pairs",
-             "CPU/1k tx ratio"],
+            [
+                "Scenario",
+                "pypool",
+                "Metric",
+                "better",
+                "ratio",
+                "min–max",
+                "per pair, in run order",
+                "pooler CPU/1k tx ratio",
+            ],
             ratio_rows,
-        )  # fmt: skip
+        )
     else:
         lines += ["No pypool/PgBouncer pairs in this run.", ""]
 
@@ -180,35 +210,79 @@ def write_markdown(path: Path, meta: dict, scenarios: list[Scenario], runs: list
                     runs_text += f" (+{entry['failed_runs']} failed)"
                 head = [scenario.name, target, runs_text]
                 if scenario.idle_clients:
-                    keys = ["connect_s", "rss_before_mib", "rss_mib", "kib_per_client",
-                            "pooler_cpu_s_per_1k"]  # fmt: skip
+                    keys = [
+                        "connect_s",
+                        "rss_before_mib",
+                        "rss_mib",
+                        "kib_per_client",
+                        "pooler_cpu_s_per_1k",
+                    ]
                 elif scenario.script:
-                    keys = ["tps", "queue_wait_ms.p50", "queue_wait_ms.p95",
-                            "queue_wait_ms.p99", "queue_wait_ms.max"]  # fmt: skip
+                    keys = [
+                        "tps",
+                        "queue_wait_ms.p50",
+                        "queue_wait_ms.p95",
+                        "queue_wait_ms.p99",
+                        "queue_wait_ms.max",
+                    ]
                 else:
-                    keys = ["latency_ms.avg", "latency_ms.p50", "latency_ms.p95",
-                            "latency_ms.p99", "pooler_cpu_s_per_1k", "pg_cpu_s_per_1k",
-                            "rss_mib"]  # fmt: skip
+                    keys = [
+                        "latency_ms.avg",
+                        "latency_ms.p50",
+                        "latency_ms.p95",
+                        "latency_ms.p99",
+                        "pooler_cpu_s_per_1k",
+                        "pg_cpu_s_per_1k",
+                        "rss_mib",
+                    ]
                     head.append(_with_range(entry, "tps"))
                 rows.append(head + [_median(entry, key) for key in keys])
         if not rows:
             continue
         if members[0].idle_clients:
-            header = ["Scenario", "Target", "runs", "connect s", "RSS before MiB",
-                      "RSS connected MiB", "KiB/client", "CPU s/1k logins"]  # fmt: skip
+            header = [
+                "Scenario",
+                "Target",
+                "runs",
+                "connect s",
+                "RSS before MiB",
+                "RSS connected MiB",
+                "KiB/client",
+                "CPU s/1k logins",
+            ]
         elif members[0].script:
-            header = ["Scenario", "Target", "runs", "TPS", "wait p50", "wait p95",
-                      "wait p99", "wait max"]  # fmt: skip
+            header = [
+                "Scenario",
+                "Target",
+                "runs",
+                "TPS",
+                "wait p50",
+                "wait p95",
+                "wait p99",
+                "wait max",
+            ]
         else:
-            header = ["Scenario", "Target", "runs", "TPS", "lat avg", "p50", "p95", "p99",
-                      "pooler CPU s/1k tx", "PG CPU s/1k tx", "pooler RSS MiB"]  # fmt: skip
+            header = [
+                "Scenario",
+                "Target",
+                "runs",
+                "TPS",
+                "lat avg",
+                "p50",
+                "p95",
+                "p99",
+                "pooler CPU s/1k tx",
+                "PG CPU s/1k tx",
+                "pooler RSS MiB",
+            ]
         lines += [f"## {title}", ""] + _table(header, rows)
 
     failures = [run for run in runs if not run["ok"]]
     if failures:
         lines += ["## Failed runs", ""]
-        lines += [f"- {r['scenario']} / {r['target']} round {r['round']}: {r['error']}"
-                  for r in failures]  # fmt: skip
+        lines += [
+            f"- {r['scenario']} / {r['target']} round {r['round']}: {r['error']}" for r in failures
+        ]
         lines.append("")
     lines += ["## Scenarios", ""]
     lines += [f"- **{s.name}**: {s.description}" for s in scenarios]
@@ -216,75 +290,110 @@ def write_markdown(path: Path, meta: dict, scenarios: list[Scenario], runs: list
 
 
 def write_chart(path: Path, scenarios: list[Scenario], summary: dict, targets: list[str]) -> None:
-    """Ratio bars against a 1.0 line, TPS per target, and idle RSS per target."""
+    """Ratio bars around a 1.0 line, TPS per target, and idle RSS per target."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [s.name for s in scenarios if s.name in summary]
-    by_name = {s.name: s for s in scenarios}
-    fig, (ratio_ax, tps_ax, rss_ax) = plt.subplots(
-        3, 1, figsize=(11, 15), gridspec_kw={"height_ratios": [3, 3, 1.3]}
-    )
-
+    by_name = {s.name: s for s in scenarios if s.name in summary}
     variants = [t for t in targets if t.startswith("pypool")]
-    rows = [(n, v, summary[n]["ratios"][v]) for n in names for v in variants
-            if v in summary[n]["ratios"]]  # fmt: skip
-    if rows:
-        labels, medians, lows, highs, colors = [], [], [], [], []
-        for name, variant, ratio in rows:
-            arrow = "↑" if ratio["higher_is_better"] else "↓"
-            metric = METRIC_LABELS.get(ratio["metric"], ratio["metric"])
-            suffix = f" [{variant}]" if len(variants) > 1 else ""
-            labels.append(f"{name}{suffix}\n{metric} {arrow} better")
-            medians.append(ratio["median"])
-            lows.append(ratio["median"] - ratio["min"])
-            highs.append(ratio["max"] - ratio["median"])
-            good = (ratio["median"] >= 1) == ratio["higher_is_better"]
-            colors.append("tab:green" if good else "tab:red")
-        positions = range(len(rows))
-        ratio_ax.barh(positions, medians, xerr=[lows, highs], color=colors, capsize=3)
-        ratio_ax.set_yticks(list(positions), labels, fontsize=8)
-        ratio_ax.invert_yaxis()
-        ratio_ax.axvline(1.0, color="black", linewidth=1)
-        for position, median in zip(positions, medians, strict=True):
-            ratio_ax.annotate(f"{median:.2f}", (median, position), xytext=(4, -8),
-                              textcoords="offset points", fontsize=8)  # fmt: skip
-    else:
-        ratio_ax.text(0.5, 0.5, "no pypool/PgBouncer pairs in this run", ha="center",
-                      transform=ratio_ax.transAxes)  # fmt: skip
-    ratio_ax.set_title("pypool / PgBouncer (median of adjacent pairs, bars: min–max; "
-                       "green = pypool better)")  # fmt: skip
-
-    _grouped_bars(tps_ax, [n for n in names if by_name[n].metric == "tps"] +
-                  [n for n in names if by_name[n].script], summary, targets, "tps")  # fmt: skip
+    ratios = [
+        (name, variant, entry["ratios"][variant])
+        for name, entry in summary.items()
+        for variant in variants
+        if variant in entry["ratios"]
+    ]
+    throughput = [n for n, s in by_name.items() if s.metric == "tps" or s.script]
+    idle = [n for n, s in by_name.items() if s.idle_clients]
+    heights = [
+        max(2.0, 0.3 * len(ratios) + 1),
+        max(2.0, 0.2 * len(throughput) * len(targets) + 1),
+        max(2.0, 0.25 * len(idle) * len(targets) + 1),
+    ]
+    fig, (ratio_ax, tps_ax, rss_ax) = plt.subplots(
+        3, 1, figsize=(11, sum(heights)), gridspec_kw={"height_ratios": heights}
+    )
+    _ratio_bars(ratio_ax, ratios, several_variants=len(variants) > 1)
+    _grouped_bars(tps_ax, throughput, summary, targets, "tps")
     tps_ax.set_xscale("log")
-    tps_ax.set_title("Transactions per second (median; log scale)")
-    _grouped_bars(rss_ax, [n for n in names if by_name[n].idle_clients], summary, targets,
-                  "rss_mib")  # fmt: skip
-    rss_ax.set_title("Pooler RSS with all idle clients connected, MiB (median)")
+    tps_ax.set_title("Transactions per second (median of runs; log scale)")
+    _grouped_bars(rss_ax, idle, summary, targets, "rss_mib")
+    rss_ax.set_title("Pooler RSS with all idle clients connected, MiB (median of runs)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def _no_data(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _ratio_bars(ax, rows: list[tuple[str, str, dict]], several_variants: bool) -> None:
+    """Bars from 1.0 to each median ratio on a log axis, so 0.5 and 2 look alike."""
+    ax.set_title("pypool / PgBouncer: median ratio of adjacent runs (whiskers: min–max)")
+    if not rows:
+        _no_data(ax, "no pypool/PgBouncer pairs in this run")
+        return
+    labels, medians, whiskers, colors = [], [], ([], []), []
+    for name, variant, ratio in rows:
+        arrow = "↑" if ratio["higher_is_better"] else "↓"
+        metric = METRIC_LABELS.get(ratio["metric"], ratio["metric"])
+        labels.append(f"{name}{f' [{variant}]' if several_variants else ''}  {metric} {arrow}")
+        medians.append(ratio["median"])
+        whiskers[0].append(ratio["median"] - ratio["min"])
+        whiskers[1].append(ratio["max"] - ratio["median"])
+        good = (ratio["median"] >= 1) == ratio["higher_is_better"]
+        colors.append("tab:green" if good else "tab:red")
+    positions = list(range(len(rows)))
+    widths = [median - 1 for median in medians]
+    ax.barh(positions, widths, left=1, xerr=whiskers, color=colors, capsize=3)
+    ax.set_xscale("log")
+    low, high = min(r["min"] for *_, r in rows), max(r["max"] for *_, r in rows)
+    ax.set_xlim(min(0.8, low) / 1.25, max(1.25, high) * 1.25)
+    ticks = [t for t in (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 4, 10) if low / 1.3 <= t <= high * 1.3]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    ax.set_yticks(positions, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_xlabel(
+        "pypool / PgBouncer (↑: higher is better, ↓: lower is better; green: pypool better)"
+    )
+    for position, median in zip(positions, medians, strict=True):
+        ax.annotate(
+            f"{median:.2f}",
+            (median, position),
+            xytext=(4 if median >= 1 else -4, 4),
+            textcoords="offset points",
+            fontsize=8,
+            ha="left" if median >= 1 else "right",
+        )
+
+
 def _grouped_bars(ax, names: list[str], summary: dict, targets: list[str], key: str) -> None:
-    height = 0.8 / max(1, len(targets))
-    drawn = False
-    for index, target in enumerate(targets):
+    """One group of horizontal bars per scenario, one bar per target that has data."""
+    present = [
+        target
+        for target in targets
+        if any(key in summary[n]["targets"].get(target, {}).get("stats", {}) for n in names)
+    ]
+    if not present:
+        _no_data(ax, "no data in this run")
+        return
+    height = 0.8 / len(present)
+    for index, target in enumerate(present):
         positions, values = [], []
         for row, name in enumerate(names):
             spread = summary[name]["targets"].get(target, {}).get("stats", {}).get(key)
             if spread:
                 positions.append(row + index * height)
                 values.append(spread["median"])
-        if values:
-            ax.barh(positions, values, height=height, label=target)
-            drawn = True
-    if not drawn:
-        ax.text(0.5, 0.5, "no data in this run", ha="center", transform=ax.transAxes)
-        return
+        bars = ax.barh(positions, values, height=height, label=target)
+        ax.bar_label(bars, [fmt(v) for v in values], fontsize=7, padding=2)
     ax.set_yticks([row + 0.4 - height / 2 for row in range(len(names))], names, fontsize=8)
     ax.invert_yaxis()
-    ax.legend(fontsize=8)
+    ax.margins(x=0.12)
+    ax.legend(fontsize=8, loc="best")

@@ -253,14 +253,22 @@ def _run_idle(scenario: Scenario, target: poolers.Target, ctx: Context) -> dict:
     children = [
         subprocess.Popen(
             [
-                sys.executable, str(IDLE_SCRIPT), "--port", str(target.port),
-                "--user", cluster.user, "--dbname", cluster.dbname, "--count", str(count),
+                sys.executable,
+                str(IDLE_SCRIPT),
+                "--port",
+                str(target.port),
+                "--user",
+                cluster.user,
+                "--dbname",
+                cluster.dbname,
+                "--count",
+                str(count),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             env=cluster.client_env(),
-        )  # fmt: skip
+        )
         for count in counts
     ]
     reports = []

@@ -515,13 +515,14 @@ class Pooler:
                              and server.state is not ServerState.LOGIN):
             server.close("server lifetime over" if not pool.disabled else "database removed")
             return
+        if server.state is not ServerState.IDLE:
+            server.set_state(ServerState.IDLE)
         if not pool.paused:
             while pool.waiting:
                 client = pool.waiting.popleft()
                 if client.state is ClientState.WAITING:
                     self.link(client, server)
                     return
-        server.set_state(ServerState.IDLE)
         server.request_time = now
         pool.put_idle(server)
 
