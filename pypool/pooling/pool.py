@@ -15,6 +15,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from .stats import WAIT_BUCKETS, XACT_BUCKETS, Histogram
+
 
 @dataclass
 class PoolLimits:
@@ -42,7 +44,21 @@ class PoolStats:
     client_parse_count: int = 0
     server_parse_count: int = 0
     bind_count: int = 0
+    # Prepared statements (incremented by the prepared-statement layer): a client's statement
+    # already on the server it landed on (hit), one that had to be parsed there first (miss),
+    # and one closed to make room under max_prepared_statements (eviction).
+    prepared_hits: int = 0
+    prepared_misses: int = 0
+    prepared_evictions: int = 0
+    # Errors by kind: "server" (an ErrorResponse relayed), or the pooler's own message
+    # ("query_wait_timeout", "server_login_failed", ...).
     errors: dict[str, int] = field(default_factory=dict)
+    # Seconds a client waited in the queue (only clients that waited), and transaction times.
+    wait_histogram: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS))
+    xact_histogram: Histogram = field(default_factory=lambda: Histogram(XACT_BUCKETS))
+
+    def count_error(self, kind: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
 
 
 class Pool:
@@ -63,8 +79,11 @@ class Pool:
         self.server_params: dict[str, str] | None = None
         # The last server login error and when it happened (server_login_retry).
         self.login_error: tuple[bytes, float] | None = None
-        self.paused = False
-        self.disabled = False
+        self.paused = False  # PAUSE (or SIGUSR1): no server handed out, servers closed on release
+        self.disabled = False  # DISABLE: new clients refused; the connected ones carry on
+        self.removed = False  # its database left the config: no new clients, the rest carry on
+        # Servers to close instead of reusing (RECONNECT, a changed [databases] entry).
+        self.close_needed: set[Any] = set()
         self.stats = PoolStats()
 
     @property
@@ -88,6 +107,7 @@ class Pool:
         """The server is closed: drop it from wherever it was."""
         self.active.discard(server)
         self.login.discard(server)
+        self.close_needed.discard(server)
         try:
             self.idle.remove(server)
         except ValueError:
