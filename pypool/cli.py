@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import logging.handlers
 import os
+import signal
 import sys
 from urllib.parse import quote
 
 from . import __version__
-from .settings import Settings, SettingsError, from_url, load_ini
+from .settings import Settings, SettingsError, from_url, load_ini, worker_share
 
 log = logging.getLogger("pypool")
 
@@ -46,7 +48,8 @@ def setup_logging(settings: Settings, verbose: bool, quiet: bool) -> None:
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
     handler: logging.Handler
     if settings.pooler.logfile:
-        handler = logging.FileHandler(settings.pooler.logfile)
+        # Reopens the file when logrotate moves it away, so no signal is needed.
+        handler = logging.handlers.WatchedFileHandler(settings.pooler.logfile)
     else:
         handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
@@ -71,7 +74,56 @@ async def serve(settings: Settings) -> None:
 def run(settings: Settings) -> None:
     import uvloop
 
-    uvloop.run(serve(settings))
+    workers = settings.pooler.workers
+    if workers <= 1:
+        uvloop.run(serve(settings))
+        return
+    run_workers(worker_share(settings, workers), workers)
+
+
+def run_workers(share: Settings, workers: int) -> None:
+    """`workers = N`: fork N processes that share the listen port through SO_REUSEPORT.
+
+    Each worker has its own pools (its share of every size) and its own clients; the kernel
+    spreads new connections between them. The parent forwards signals and waits. As with
+    PgBouncer's so_reuseport, a CancelRequest may reach a worker that does not know its key:
+    it is then dropped, so cancels are best-effort with several workers.
+    """
+    import uvloop
+
+    children: list[int] = []
+    for index in range(workers):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                log.info("worker %d of %d started", index + 1, workers)
+                uvloop.run(serve(share))
+            except BaseException:  # noqa: BLE001 - a worker reports and exits, never returns
+                log.exception("worker %d failed", index + 1)
+                code = 1
+            os._exit(code)
+        children.append(pid)
+
+    def forward(signum: int, _frame: object) -> None:
+        for child in children:
+            try:
+                os.kill(child, signum)
+            except ProcessLookupError:
+                pass
+
+    for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT,
+                   signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, forward)
+    for child in children:
+        while True:
+            try:
+                os.waitpid(child, 0)
+                break
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
 
 
 def main(argv: list[str] | None = None) -> int:

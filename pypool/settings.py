@@ -34,8 +34,7 @@ ACCEPTED_UNUSED_KEYS = frozenset(
     client_tls_protocols client_tls_ciphers client_tls_ecdhcurve client_tls_dheparams
     client_tls13_ciphers server_tls_sslmode server_tls_ca_file server_tls_key_file
     server_tls_cert_file server_tls_protocols server_tls_ciphers server_tls13_ciphers
-    log_stats verbose max_packet_size_warn cancel_wait_timeout server_reset_query_always
-    server_check_delay server_check_query log_pooler_errors stats_period
+    verbose max_packet_size_warn cancel_wait_timeout
     """.split()
 )
 
@@ -117,10 +116,19 @@ class PoolerSettings:
     log_connections: bool = True
     log_disconnections: bool = True
     log_pooler_errors: bool = True
+    log_stats: bool = True
     stats_period: float = 60.0
     metrics_addr: str = ""
     metrics_port: int = 0
     shutdown_timeout: float = 0.0
+
+
+# Keys that only take effect at start (PgBouncer's CF_NO_RELOAD, plus pypool's listeners):
+# a reload keeps their old values and says so, and SET refuses them.
+RESTART_ONLY_KEYS = frozenset(
+    {"listen_addr", "listen_port", "pidfile", "logfile", "pkt_buf", "so_reuseport", "workers",
+     "track_extra_parameters", "metrics_addr", "metrics_port"}
+)
 
 
 @dataclass(frozen=True)
@@ -295,7 +303,27 @@ def pooler_settings(items: dict[str, str], where: str) -> PoolerSettings:
             values[key] = _convert(str(fields[key].type), key, raw)
         except ValueError as exc:
             raise SettingsError(f"{where}: {key}: {exc}") from None
-    settings = PoolerSettings(**values)  # type: ignore[arg-type]
+    return _validated(PoolerSettings(**values), where)  # type: ignore[arg-type]
+
+
+def replace_setting(settings: PoolerSettings, key: str, text: str) -> PoolerSettings:
+    """`settings` with one key set from its ini text, validated as the ini would be (the
+    console's SET). Raises SettingsError for an unknown, restart-only or malformed key."""
+    fields = {f.name: f for f in dataclasses.fields(PoolerSettings)}
+    key = key.strip().lower()
+    if key not in fields:
+        raise SettingsError(f"unknown parameter: {key}")
+    if key in RESTART_ONLY_KEYS:
+        raise SettingsError(f"{key} cannot be changed at runtime")
+    try:
+        value = _convert(str(fields[key].type), key, text)
+    except ValueError as exc:
+        raise SettingsError(f"{key}: {exc}") from None
+    changed = dataclasses.replace(settings, **{key: value})  # type: ignore[arg-type]
+    return _validated(changed, "SET")
+
+
+def _validated(settings: PoolerSettings, where: str) -> PoolerSettings:
     if settings.pool_mode not in POOL_MODES:
         raise SettingsError(f"{where}: pool_mode: must be one of {', '.join(POOL_MODES)}")
     if settings.auth_type not in AUTH_TYPES:
@@ -362,3 +390,47 @@ def from_url(url: str, listen_port: int = 6432) -> Settings:
     return Settings(
         pooler=pooler, databases={dbname: entry}, inline_users={user: password} if password else {}
     )
+
+
+def worker_share(settings: Settings, workers: int) -> Settings:
+    """One worker's share when `workers` processes split the load (SO_REUSEPORT).
+
+    Each worker keeps its own pools, so the server-side sizes and the client cap are divided
+    between them (rounded up, at least 1 where the original was non-zero).
+    """
+    if workers <= 1:
+        return settings
+
+    def part(value: int | None) -> int | None:
+        if not value:
+            return value
+        return max(1, -(-value // workers))
+
+    cfg = settings.pooler
+    pooler = dataclasses.replace(
+        cfg,
+        default_pool_size=part(cfg.default_pool_size) or 0,
+        min_pool_size=part(cfg.min_pool_size) or 0,
+        reserve_pool_size=part(cfg.reserve_pool_size) or 0,
+        max_db_connections=part(cfg.max_db_connections) or 0,
+        max_user_connections=part(cfg.max_user_connections) or 0,
+        max_client_conn=part(cfg.max_client_conn) or 0,
+    )
+    databases = {
+        name: dataclasses.replace(
+            entry,
+            pool_size=part(entry.pool_size),
+            min_pool_size=part(entry.min_pool_size),
+            reserve_pool_size=part(entry.reserve_pool_size),
+            max_db_connections=part(entry.max_db_connections),
+        )
+        for name, entry in settings.databases.items()
+    }
+    users = {
+        name: dataclasses.replace(
+            user, pool_size=part(user.pool_size),
+            max_user_connections=part(user.max_user_connections),
+        )
+        for name, user in settings.users.items()
+    }
+    return dataclasses.replace(settings, pooler=pooler, databases=databases, users=users)

@@ -27,10 +27,18 @@ from ..auth.md5 import is_md5_hash
 from ..auth.scram import ScramVerifier, is_scram_verifier
 from ..pooling.params import set_statements
 from ..pooling.pool import Pool, PoolLimits
+from ..pooling.stats import StatsPeriods, stats_line
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
-from ..settings import DatabaseEntry, Settings, SettingsError, load_ini
+from ..settings import (
+    RESTART_ONLY_KEYS,
+    DatabaseEntry,
+    Settings,
+    SettingsError,
+    load_ini,
+    worker_share,
+)
 from .client import ClientConnection, ClientState
 from .server import ServerConnection, ServerLoginError, ServerState
 
@@ -71,6 +79,14 @@ class Pooler:
         self.stopped = self.loop.create_future()
         self._janitor: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # The operator's switches (admin console, SIGUSR1/2): PAUSE of everything or of some
+        # databases, DISABLE; databases gone from the config whose clients are still here.
+        self.paused_all = False
+        self.paused_dbs: set[str] = set()
+        self.disabled_dbs: set[str] = set()
+        self.retired: dict[str, DatabaseEntry] = {}
+        self.stats_periods = StatsPeriods(self.now())  # SHOW STATS averages, the stats line
+        self.metrics_servers: list[asyncio.AbstractServer] = []
         self.load_auth()
 
     # --- start, reload, stop --------------------------------------------------------------
@@ -99,7 +115,14 @@ class Pooler:
             )
             self.listeners.append(server)
         log.info("listening on %s:%d", cfg.listen_addr, cfg.listen_port)
+        if cfg.metrics_port:
+            from ..metrics import serve_metrics
+
+            self.metrics_servers = await serve_metrics(
+                self, cfg.metrics_addr or cfg.listen_addr, cfg.metrics_port
+            )
         self._janitor = self.loop.create_task(self._janitor_loop())
+        self._spawn(self._stats_loop())
         for pool_key in self._min_pool_keys():
             self.pool_for(*pool_key)
         self._pidfile()
@@ -125,20 +148,54 @@ class Pooler:
             self.load_auth()
             return True
         try:
-            new = load_ini(self.settings.path)
+            new = worker_share(load_ini(self.settings.path), self.settings.pooler.workers)
         except SettingsError as exc:
             log.error("reload failed, keeping the old configuration: %s", exc)
             return False
-        self.settings = new
-        self.load_auth()
-        for pool in self.pools.values():
-            entry = new.database(pool.database)
-            if entry is None:
-                pool.disabled = True
-                continue
-            pool.limits = self.limits_for(entry, pool.user)
+        self.apply_settings(new)
         log.info("configuration reloaded from %s", new.path)
         return True
+
+    def apply_settings(self, new: Settings) -> None:
+        """Switch to `new` (RELOAD, SIGHUP, SET) without dropping anyone.
+
+        Sizes and timeouts apply to the next assignment. A database whose connection details
+        changed gets its servers replaced as they are released. A database gone from the
+        config refuses new clients; its connected clients keep being served until they leave.
+        Keys that only apply at start keep their old values.
+        """
+        old = self.settings
+        kept = {}
+        for key in RESTART_ONLY_KEYS:
+            if getattr(new.pooler, key) != getattr(old.pooler, key):
+                log.warning("%s changed: takes effect at restart", key)
+                kept[key] = getattr(old.pooler, key)
+        if kept:
+            new = dataclasses.replace(new, pooler=dataclasses.replace(new.pooler, **kept))
+        self.settings = new
+        self.load_auth()
+        for pool in list(self.pools.values()):
+            entry = new.database(pool.database)
+            old_entry = old.database(pool.database) or self.retired.get(pool.database)
+            if entry is None:
+                if not pool.removed and old_entry is not None:
+                    log.warning("database %s removed from the config: new clients refused, "
+                                "%d connected clients carry on", pool.database, len(pool.clients))
+                    self.retired[pool.database] = old_entry
+                pool.removed = True
+                pool.limits = dataclasses.replace(pool.limits, min_pool_size=0)
+                continue
+            if pool.removed:
+                pool.removed = False
+                self.retired.pop(pool.database, None)
+            pool.limits = self.limits_for(entry, pool.user)
+            if old_entry is not None and _server_side(old_entry) != _server_side(entry):
+                self.tag_dirty(pool, "database configuration changed")
+            surplus = pool.server_count - pool.limits.pool_size - pool.limits.reserve_pool_size
+            for server in pool.idle[:max(0, surplus)]:
+                self.close_server(server, "pool_size lowered")
+            self.launch_servers(pool)
+            self._serve_waiting(pool)
 
     def shutdown(self, how: str) -> None:
         """SIGINT: let transactions finish. SIGTERM: let clients finish. Again: exit now."""
@@ -159,7 +216,8 @@ class Pooler:
         self._maybe_exit()
 
     def _maybe_exit(self) -> None:
-        if self.shutting_down and not self.clients:
+        # Console sessions do not hold up a shutdown: they are how it was asked for.
+        if self.shutting_down and all(client.admin is not None for client in self.clients):
             self._exit()
 
     def _exit(self) -> None:
@@ -168,6 +226,14 @@ class Pooler:
         for pool in self.pools.values():
             for server in list(pool.idle) + list(pool.active) + list(pool.login):
                 server.close("pooler exit")
+        for metrics_server in self.metrics_servers:
+            metrics_server.close()
+        pidfile = self.settings.pooler.pidfile
+        if pidfile and not self.stopped.done():
+            try:
+                os.unlink(pidfile)
+            except OSError:
+                pass
         if not self.stopped.done():
             self.stopped.set_result(None)
 
@@ -181,11 +247,36 @@ class Pooler:
         loop.add_signal_handler(signal.SIGUSR2, self.pause_all, False)
 
     def pause_all(self, paused: bool) -> None:
+        """PAUSE / RESUME of every database (also SIGUSR1 / SIGUSR2)."""
+        log.info("%s all databases", "pausing" if paused else "resuming")
+        self.paused_all = paused
         for pool in self.pools.values():
-            pool.paused = paused
-            if not paused:
-                self.launch_servers(pool)
-                self._serve_waiting(pool)
+            self.set_paused(pool, paused or pool.database in self.paused_dbs)
+
+    def set_paused(self, pool: Pool, paused: bool) -> None:
+        """Paused: no server is handed out, idle ones close now, busy ones once released
+        (server_available), and waiting clients wait. Resumed: serve them again."""
+        pool.paused = paused
+        if paused:
+            for server in list(pool.idle):
+                self.close_server(server, "pause mode")
+        else:
+            self.launch_servers(pool)
+            self._serve_waiting(pool)
+
+    def tag_dirty(self, pool: Pool, reason: str) -> None:
+        """RECONNECT: replace every server of the pool, the busy ones once released."""
+        pool.close_needed = set(pool.active) | set(pool.idle) | set(pool.login)
+        for server in list(pool.idle) + list(pool.login):
+            self.close_server(server, reason)
+        self.launch_servers(pool)
+
+    def close_server(self, server: ServerConnection, reason: str) -> None:
+        """Close a server; an idle one is taken out of the idle stack first, so no client is
+        handed a closing server before its connection_lost arrives."""
+        if server.state is ServerState.IDLE:
+            server.pool.forget(server)
+        server.close(reason)
 
     # --- pools ----------------------------------------------------------------------------
 
@@ -215,6 +306,8 @@ class Pooler:
         pool = self.pools.get(key)
         if pool is None:
             pool = Pool(database, user, self.limits_for(entry, user))
+            pool.paused = self.paused_all or database in self.paused_dbs
+            pool.disabled = database in self.disabled_dbs
             self.pools[key] = pool
             self.launch_servers(pool)
         return pool
@@ -237,14 +330,14 @@ class Pooler:
         return creds
 
     def launch_servers(self, pool: Pool) -> None:
-        if pool.paused or pool.disabled or self.shutting_down == "now":
+        if pool.paused or self.shutting_down == "now":
             return
         now = self.now()
         if pool.login_error is not None:
             if now - pool.login_error[1] < self.settings.pooler.server_login_retry:
                 return
         cfg = self.settings.pooler
-        entry = self.settings.database(pool.database)
+        entry = self.settings.database(pool.database) or self.retired.get(pool.database)
         if entry is None:
             return
         room_db = room_user = 1 << 30
@@ -256,8 +349,35 @@ class Pooler:
         if max_user:
             room_user = max_user - self.servers_per_user.get(pool.user, 0)
         oldest = pool.waiting[0].wait_start if pool.waiting else None
-        for _ in range(pool.servers_wanted(now, oldest, room_db, room_user)):
+        wanted = pool.servers_wanted(now, oldest, room_db, room_user)
+        if not wanted and min(room_db, room_user) <= 0 and pool.servers_wanted(
+            now, oldest, 1 << 30, 1 << 30
+        ):
+            # Only max_db_connections / max_user_connections stand in the way: as PgBouncer
+            # (evict_connection), close another pool's idle server to make room, or an idle
+            # pool would starve a busy one forever.
+            if self._evict_idle(pool, same_db=room_db <= 0, same_user=room_user <= 0):
+                self.launch_servers(pool)
+            return
+        for _ in range(wanted):
             self._open_server(pool, entry)
+
+    def _evict_idle(self, pool: Pool, same_db: bool, same_user: bool) -> bool:
+        """Close the longest-idle server of another pool under the same exhausted cap."""
+        candidates = [
+            server
+            for other in self.pools.values()
+            if other is not pool
+            and (not same_db or other.database == pool.database)
+            and (not same_user or other.user == pool.user)
+            for server in other.idle
+        ]
+        if not candidates:
+            return False
+        victim = min(candidates, key=lambda server: server.request_time)
+        victim.close("evicted to make room for another pool")
+        self.server_closed(victim, "evicted to make room for another pool")
+        return True
 
     def _open_server(self, pool: Pool, entry: DatabaseEntry) -> None:
         startup: dict[str, str] = {}
@@ -299,6 +419,7 @@ class Pooler:
         pool = server.pool
         log.warning("%r: server login failed: %s", server, text)
         pool.login_error = (error, self.now())
+        pool.stats.count_error("server_login_failed")
         server.close(f"login failed: {text}")
         self.server_closed(server, f"login failed: {text}")
         for client in pool.awaiting_params:
@@ -332,6 +453,7 @@ class Pooler:
         if client is not None:
             server.client = None
             client.server = None
+            pool.stats.count_error("server_conn_crashed")
             client.fail(PoolerError("server conn crashed?", errors.PROTOCOL_VIOLATION))
         if self.settings.pooler.log_disconnections and not reason.startswith("login failed"):
             log.info("%r: closing because: %s", server, reason)
@@ -402,14 +524,16 @@ class Pooler:
         pool = self.pool_for(client.database, client.user)
         assert pool is not None
         if pool.disabled:
-            raise PoolerError(f"database does not allow connections: {client.database}")
+            raise PoolerError(f'database "{client.database}" is disabled')
         client.pool = pool
         pool.clients.add(client)
         self.cancel_keys[key] = client
         if pool.server_params is not None:
             client.welcome(pool.server_params)
             return
-        if pool.login_error is not None:
+        if pool.login_error is not None and (
+            self.now() - pool.login_error[1] < self.settings.pooler.server_login_retry
+        ):
             fields = m.parse_error_fields(pool.login_error[0][5:])
             raise PoolerError(
                 "server login has been failing, cached error: "
@@ -472,6 +596,7 @@ class Pooler:
         now = self.now()
         if client.state is ClientState.WAITING:
             pool.stats.wait_time_us += int((now - client.wait_start) * 1e6)
+            pool.stats.wait_histogram.observe(now - client.wait_start)
         pool.login.discard(server)
         pool.active.add(server)
         client.server = server
@@ -497,6 +622,7 @@ class Pooler:
         stats = client.pool.stats
         stats.xact_count += 1
         stats.xact_time_us += int((now - client.link_time) * 1e6)
+        stats.xact_histogram.observe(now - client.link_time)
         client.server = None
         server.client = None
         server.resume_reading()
@@ -511,10 +637,14 @@ class Pooler:
         pool = server.pool
         now = self.now()
         lifetime = self.settings.pooler.server_lifetime
-        if pool.disabled or (lifetime and now - server.connect_time > lifetime
-                             and server.state is not ServerState.LOGIN):
-            server.close("server lifetime over" if not pool.disabled else "database removed")
-            return
+        if pool.paused or pool.close_needed or pool.removed or (
+            lifetime and now - server.connect_time > lifetime
+            and server.state is not ServerState.LOGIN
+        ):
+            reason = self._close_reason(server, now)
+            if reason:
+                server.close(reason)
+                return
         if server.state is not ServerState.IDLE:
             server.set_state(ServerState.IDLE)
         if not pool.paused:
@@ -525,6 +655,22 @@ class Pooler:
                     return
         server.request_time = now
         pool.put_idle(server)
+
+    def _close_reason(self, server: ServerConnection, now: float) -> str:
+        """Why a server that just became free must close instead of serving again, if so."""
+        pool = server.pool
+        if pool.paused:
+            return "pause mode"
+        if server in pool.close_needed:
+            return "database configuration changed"
+        if pool.removed and not pool.clients:
+            return "database removed"
+        lifetime = self.settings.pooler.server_lifetime
+        if lifetime and now - server.connect_time > lifetime and (
+            server.state is not ServerState.LOGIN
+        ):
+            return "server lifetime over"
+        return ""
 
     def _serve_waiting(self, pool: Pool) -> None:
         while pool.waiting and pool.idle and not pool.paused:
@@ -570,7 +716,13 @@ class Pooler:
                 while pool.waiting and (
                     now - pool.waiting[0].wait_start > cfg.query_wait_timeout
                 ):
+                    pool.stats.count_error("query_wait_timeout")
                     pool.waiting[0].fail(PoolerError("query_wait_timeout"))
+                # Clients at login waiting for the pool's first server wait for a server too.
+                for client in list(pool.awaiting_params):
+                    if now - client.state_since > cfg.query_wait_timeout:
+                        pool.stats.count_error("query_wait_timeout")
+                        client.fail(PoolerError("query_wait_timeout"))
             for server in list(pool.active):
                 client = server.client
                 if client is None:
@@ -578,13 +730,15 @@ class Pooler:
                 if client.pending or client.unsynced:
                     if cfg.query_timeout and now - client.query_start > cfg.query_timeout:
                         server.close("query timeout")
-                        client.fail(PoolerError("query timeout", errors.QUERY_CANCELED))
+                        pool.stats.count_error("query_timeout")
+                        client.fail(PoolerError("query timeout"))
                 elif (
                     cfg.idle_transaction_timeout
                     and client.tx_status != m.TX_IDLE
                     and now - client.state_since > cfg.idle_transaction_timeout
                 ):
                     server.close("idle transaction timeout")
+                    pool.stats.count_error("idle_transaction_timeout")
                     client.fail(PoolerError("idle transaction timeout"))
             keep = pool.limits.min_pool_size
             for server in list(pool.idle):
@@ -596,13 +750,45 @@ class Pooler:
                 ):
                     server.close("server idle timeout" if idle_for > cfg.server_idle_timeout
                                  else "server lifetime over")
+            if pool.removed and not pool.clients:
+                self._drop_removed(pool)
+                continue
             self.launch_servers(pool)
         if cfg.client_idle_timeout:
             for client in list(self.clients):
                 if client.state is ClientState.IDLE and (
                     now - client.state_since > cfg.client_idle_timeout
                 ):
+                    if client.pool is not None:
+                        client.pool.stats.count_error("client_idle_timeout")
                     client.fail(PoolerError("client_idle_timeout"))
+
+    def _drop_removed(self, pool: Pool) -> None:
+        """A pool of a removed database whose last client left: close it down, forget it."""
+        for server in list(pool.idle):
+            self.close_server(server, "database removed")
+        if pool.server_count == 0:
+            del self.pools[(pool.database, pool.user)]
+            if not any(p.database == pool.database for p in self.pools.values()):
+                self.retired.pop(pool.database, None)
+
+    # --- the stats period -----------------------------------------------------------------
+
+    async def _stats_loop(self) -> None:
+        """Every stats_period: snapshot the counters (SHOW STATS averages) and log the
+        "stats:" line, as PgBouncer does."""
+        while True:
+            await asyncio.sleep(max(0.1, self.settings.pooler.stats_period))
+            averages = self.stats_periods.refresh(list(self.pools.values()), self.now())
+            if self.settings.pooler.log_stats:
+                log.info("%s", stats_line(averages))
+
+
+def _server_side(entry: DatabaseEntry) -> tuple[object, ...]:
+    """The parts of a [databases] entry that shape a server connection (not the sizes)."""
+    return (entry.host, entry.port, entry.server_dbname, entry.user, entry.password,
+            entry.auth_user, entry.application_name, entry.client_encoding, entry.datestyle,
+            entry.timezone, entry.connect_query)
 
 
 async def _send_cancel(host: str, port: int, pid: int, secret: int) -> None:
