@@ -13,6 +13,11 @@ Reply bookkeeping, which decides when a server can be handed on: `pending` count
 ReadyForQuery messages the client is owed (one per Query, FunctionCall and Sync it sent);
 `unsynced` is true while extended-protocol messages were sent after the last Sync. A server
 goes back to the pool only on ReadyForQuery 'I' with pending 0 and nothing unsynced.
+
+Prepared statements (pooling/prepared.py): when they are rewritten (`statements`), Parse,
+Bind, Describe, Close and Query messages are read whole and handed, with every other request,
+to the linked server's ServerStatements, which returns the bytes to send. A client with no
+server keeps whole messages in its outbox; they are rewritten when it is linked.
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from ..auth.md5 import is_md5_hash, md5_hash, md5_response
-from ..auth.scram import MECHANISM, ScramAuthError, ScramServerExchange, ScramVerifier
+from ..auth.scram import (
+    MECHANISM,
+    ScramAuthError,
+    ScramServerExchange,
+    ScramVerifier,
+    mock_salt,
+)
+from ..pooling import prepared
 from ..pooling.params import canonical_name
 from ..protocol import errors
 from ..protocol import messages as m
@@ -106,6 +118,12 @@ class ClientConnection(asyncio.Protocol):
         self.unsynced = False
         self.close_after_release = False
         self._outbox: list[bytes] = []
+        # Prepared-statement rewriting (None when off: session mode, max_prepared_statements
+        # = 0, the admin console). While `_blocked`, what the client sends waits: uncounted
+        # bytes in `_partial`, counted ones taken from the outbox in `_held`.
+        self.statements: prepared.ClientStatements | None = None
+        self._blocked = False
+        self._held = b""
         self._startup_buffer = bytearray()
         self._messages = MessageBuffer(pooler.settings.pooler.max_packet_size)
         self._auth_exchange: ScramServerExchange | None = None
@@ -284,8 +302,10 @@ class ClientConnection(asyncio.Protocol):
             self._auth_kind = "scram"
             verifier = None
             if secret is not None:
-                verifier = ScramVerifier.parse(secret) or ScramVerifier.from_password(secret)
-            self._auth_exchange = ScramServerExchange(verifier)
+                verifier = ScramVerifier.parse(secret) or ScramVerifier.from_password(
+                    secret, salt=mock_salt(self.user)  # stable, as for unknown users
+                )
+            self._auth_exchange = ScramServerExchange(verifier, self.user)
             self.write(m.authentication_sasl([MECHANISM]))
 
     def _auth_data(self, data: bytes) -> None:
@@ -343,15 +363,16 @@ class ClientConnection(asyncio.Protocol):
         self.authenticated(None)
 
     def authenticated(self, scram_client_key: bytes | None) -> None:
-        self.write(m.authentication(m.AUTH_OK))
+        """The password checked out. AuthenticationOk waits for the welcome, so that an
+        unknown database or a failing server login is reported in its place."""
         if self.state is ClientState.STARTUP:
             self.set_state(ClientState.AUTH)
         self.set_state(ClientState.WELCOME)
         self.pooler.client_authenticated(self, scram_client_key)
 
     def welcome(self, server_params: dict[str, str]) -> None:
-        """Send ParameterStatus, BackendKeyData and the first ReadyForQuery."""
-        out = []
+        """Send AuthenticationOk, ParameterStatus, BackendKeyData and ReadyForQuery."""
+        out = [m.authentication(m.AUTH_OK)]
         for name, value in server_params.items():
             if name in self.params:
                 continue
@@ -366,6 +387,13 @@ class ClientConnection(asyncio.Protocol):
         out.append(m.ready_for_query(m.TX_IDLE))
         self.write(b"".join(out))
         self.set_state(ClientState.IDLE)
+        cfg = self.pooler.settings.pooler
+        pool = self.pool
+        if (cfg.max_prepared_statements > 0 and pool is not None and self.admin is None
+                and pool.limits.pool_mode != "session" and self.statements is None):
+            self.statements = prepared.ClientStatements(
+                self.pooler.statement_registry, cfg.max_client_prepared_statements
+            )
         if self._partial:
             rest, self._partial = self._partial, b""
             self._relay(rest)
@@ -375,6 +403,9 @@ class ClientConnection(asyncio.Protocol):
     def _relay(self, data: bytes) -> None:
         """Walk the client's message headers, keep the reply bookkeeping, forward the bytes
         to the linked server (or hold them until one is assigned)."""
+        if self._blocked:
+            self._partial += data
+            return
         if self._partial:
             data = self._partial + data
             self._partial = b""
@@ -386,12 +417,38 @@ class ClientConnection(asyncio.Protocol):
             return
         self._skip = 0
         was_pending = self.pending or self.unsynced
+        # Prepared statements: messages to rewrite are read whole (so are all messages while
+        # there is no server), and `parts` collects the rewritten bytes up to `start`.
+        rewriting = self.statements is not None
+        server = self.server
+        st = server.statements if rewriting and server is not None else None
+        parts: list[bytes] = []
+        start = 0
         while n - pos >= 5:
             kind = data[pos]
             size = int.from_bytes(data[pos + 1 : pos + 5], "big") + 1
             if size < 5 or size > self._max_packet:
-                self._forward(data[:pos])
+                self._forward(self._rewritten(data, pos, parts, start))
                 raise errors.ClientProtocolError(f"invalid packet length {size - 1}")
+            if rewriting:
+                end = pos + size
+                if end > n and (st is None or kind in _WHOLE or st.discarding):
+                    break
+                if st is not None and kind in _REQUESTS:
+                    try:
+                        out = st.from_client(kind, data, pos, end)
+                    except (ValueError, IndexError):
+                        self._forward(self._rewritten(data, pos, parts, start))
+                        raise errors.ClientProtocolError(
+                            f"malformed message of type {chr(kind)!r}") from None
+                    if out is not None:
+                        if out is prepared.WAIT:
+                            self._blocked = True  # resume_rewriting() carries on from here
+                            break
+                        if start < pos:
+                            parts.append(data[start:pos])
+                        parts.append(out)  # type: ignore[arg-type]
+                        start = end
             if kind == m.QUERY or kind == m.FUNCTION_CALL:
                 self.pending += 1
             elif kind == m.SYNC:
@@ -399,14 +456,24 @@ class ClientConnection(asyncio.Protocol):
                 self.unsynced = False
             elif kind in _EXTENDED:
                 self.unsynced = True
+            elif kind == m.FLUSH:
+                # Flush asks for pending output and owes no reply of its own: it must not
+                # pin a server (psycopg's pipeline sends one after its Sync). With nothing
+                # owed and no server, it is dropped rather than take a server for nothing.
+                if self.server is None and not self.pending and not self.unsynced and size == 5:
+                    if pos:
+                        self._forward(data[:pos])
+                    data = data[pos + size :]
+                    n, pos = len(data), 0
+                    continue
             elif kind == m.TERMINATE:
                 if pos:
-                    self._forward(data[:pos])
+                    self._forward(self._rewritten(data, pos, parts, start))
                 self.close("client sent Terminate")
                 return
             elif kind not in _COPY:
                 if pos:
-                    self._forward(data[:pos])
+                    self._forward(self._rewritten(data, pos, parts, start))
                 raise errors.ClientProtocolError(f"unsupported pkt type: {kind}")
             if self.admin is not None and kind != m.QUERY:
                 raise PoolerError("admin console supports only simple queries",
@@ -419,8 +486,22 @@ class ClientConnection(asyncio.Protocol):
             data = data[:pos]
         if not was_pending and (self.pending or self.unsynced):
             self.query_start = self.pooler.now()
+        if parts:
+            if start < len(data):
+                parts.append(data[start:])
+            data = b"".join(parts)
         if data:
             self._forward(data)
+        if st is not None and st.tracking == 2 and server is not None:
+            if server.at_message_boundary():
+                self.write(st.emit_synthetic())
+
+    @staticmethod
+    def _rewritten(data: bytes, pos: int, parts: list[bytes], start: int) -> bytes:
+        """The bytes for the server up to `pos`: the rewritten ones, then the rest as is."""
+        if not parts:
+            return data[:pos]
+        return b"".join(parts) + data[start:pos]
 
     def _forward(self, data: bytes) -> None:
         server = self.server
@@ -435,10 +516,64 @@ class ClientConnection(asyncio.Protocol):
         if self.state is ClientState.IDLE:
             self.pooler.request_server(self)
 
-    def take_outbox(self) -> bytes:
+    def take_outbox(self, server: ServerConnection | None = None) -> bytes:
+        """What the client sent while it had no server, for `server` that it is linked to
+        now (rewritten for it when prepared statements are)."""
         data = b"".join(self._outbox)
         self._outbox.clear()
-        return data
+        if self.statements is None or server is None:
+            return data
+        st = server.statements
+        return st.attach(self.statements) + self._rewrite_whole(st, data)
+
+    def _rewrite_whole(self, st: prepared.ServerStatements, data: bytes) -> bytes:
+        """Rewrite whole, already counted messages; on WAIT keep the rest in `_held`."""
+        parts = []
+        start = pos = 0
+        n = len(data)
+        while pos < n:
+            kind = data[pos]
+            end = pos + 1 + int.from_bytes(data[pos + 1 : pos + 5], "big")
+            if kind in _REQUESTS:
+                out = st.from_client(kind, data, pos, end)
+                if out is not None:
+                    if out is prepared.WAIT:
+                        self._blocked = True
+                        self._held = data[pos:]
+                        n = pos
+                        break
+                    parts.append(data[start:pos])
+                    parts.append(out)  # type: ignore[arg-type]
+                    start = end
+            pos = end
+        if not parts:
+            return data[:n]
+        parts.append(data[start:n])
+        return b"".join(parts)
+
+    def resume_rewriting(self) -> None:
+        """The reply a WAIT depended on has come (or the server was released): carry on
+        with what the client sent meanwhile."""
+        if not self._blocked:
+            return
+        self._blocked = False
+        server = self.server
+        if server is not None:
+            server.statements.blocked = False
+        held, self._held = self._held, b""
+        if held:
+            if server is not None:
+                out = self._rewrite_whole(server.statements, held)
+                if out:
+                    assert server.transport is not None
+                    server.transport.write(out)
+                if self._blocked:
+                    return
+            else:
+                self._forward(held)
+        rest, self._partial = self._partial, b""
+        if rest:
+            self._relay(rest)
 
     def params_seen(self, name: str, value: str) -> None:
         """A ParameterStatus from the linked server: the client's setting changed."""
@@ -468,8 +603,12 @@ class ClientConnection(asyncio.Protocol):
             self.fail(PoolerError("transaction blocks not allowed in statement pooling mode"))
 
 
-_EXTENDED = frozenset((m.PARSE, m.BIND, m.DESCRIBE, m.EXECUTE, m.CLOSE, m.FLUSH))
+_EXTENDED = frozenset((m.PARSE, m.BIND, m.DESCRIBE, m.EXECUTE, m.CLOSE))
 _COPY = frozenset((m.COPY_DATA, m.COPY_DONE, m.COPY_FAIL))
+# Prepared statements: what the rewriting reads whole, and the requests it queues.
+_WHOLE = frozenset((m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.QUERY))
+_REQUESTS = frozenset((m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.EXECUTE, m.SYNC, m.QUERY,
+                       m.FUNCTION_CALL))
 
 
 def _scram_matches(verifier: ScramVerifier, password: str) -> bool:
