@@ -1,0 +1,250 @@
+"""The console's commands: PAUSE, RESUME, KILL, RECONNECT, DISABLE, SET, ... as PgBouncer 1.24.
+
+Each command is a function of the pooler and its argument that changes the pooler's state
+through the pooler's own methods (pause, close, reload) and returns what the console should
+answer: `Done` at once, `WaitFor` a condition (PAUSE and WAIT_CLOSE answer only once the
+servers are gone), or `NO_REPLY` (SHUTDOWN leaves without a word, like PgBouncer).
+A refusal raises `AdminError` with PgBouncer's message; the console sends it as a non-fatal
+ERROR 08P01 and the session carries on. Who may run a command is the console's business.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..protocol.errors import PoolerError
+from ..settings import SettingsError, replace_setting
+from .show import ADMIN_DB, FAKE_PARAMS, database_entry
+
+if TYPE_CHECKING:
+    from ..net.pooler import Pooler
+    from ..pooling.pool import Pool
+
+log = logging.getLogger("pypool.admin")
+
+ADMIN_DATABASES = (ADMIN_DB, "pypool")
+
+
+class AdminError(Exception):
+    """A command refused; `message` is PgBouncer's text for the same refusal."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidCommand(Exception):
+    """Not a command the console knows: answered "invalid command '<query>', use SHOW HELP;"."""
+
+
+@dataclass(frozen=True)
+class Done:
+    """Answer now with CommandComplete `tag`, after `notice` if any; then run `then`."""
+
+    tag: str
+    notice: str = ""
+    then: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True)
+class WaitFor:
+    """Answer with CommandComplete `tag` once `until()` holds."""
+
+    until: Callable[[], bool]
+    tag: str
+
+
+NO_REPLY = Done("")
+Reply = Done | WaitFor
+
+
+def _pools_of(pooler: Pooler, database: str | None) -> list[Pool]:
+    return [p for p in pooler.pools.values() if database is None or p.database == database]
+
+
+def _database(pooler: Pooler, name: str, verb: str) -> str:
+    """`name` if it is a database the pooler serves; PgBouncer's refusals otherwise."""
+    if name in ADMIN_DATABASES:
+        raise AdminError(f"cannot {verb} admin db: {name}")
+    if database_entry(pooler, name) is None:
+        raise AdminError(f"no such database: {name}")
+    return name
+
+
+def _no_servers(pooler: Pooler, database: str | None) -> Callable[[], bool]:
+    return lambda: all(pool.server_count == 0 for pool in _pools_of(pooler, database))
+
+
+def pause(pooler: Pooler, arg: str) -> Reply:
+    """Stop handing out servers, close each server as its transaction ends; answer once the
+    servers (of `arg`, or of all databases) are gone. New queries wait until RESUME."""
+    if pooler.paused_all:
+        raise AdminError("already suspended/paused")
+    if not arg:
+        log.info("PAUSE command issued")
+        pooler.pause_all(True)
+        return WaitFor(_no_servers(pooler, None), "PAUSE")
+    log.info("PAUSE '%s' command issued", arg)
+    database = _database(pooler, arg, "pause")
+    pooler.paused_dbs.add(database)
+    for pool in _pools_of(pooler, database):
+        pooler.set_paused(pool, True)
+    return WaitFor(_no_servers(pooler, database), "PAUSE")
+
+
+def resume(pooler: Pooler, arg: str) -> Reply:
+    if not arg:
+        log.info("RESUME command issued")
+        if pooler.shutting_down:
+            raise AdminError("pooler is shutting down")
+        if not pooler.paused_all:
+            raise AdminError("pooler is not paused/suspended")
+        pooler.pause_all(False)
+        return Done("RESUME")
+    log.info("RESUME '%s' command issued", arg)
+    if database_entry(pooler, arg) is None:
+        raise AdminError(f"no such database: {arg}")
+    if arg not in pooler.paused_dbs:
+        raise AdminError(f"database {arg} is not paused")
+    pooler.paused_dbs.discard(arg)
+    for pool in _pools_of(pooler, arg):
+        pooler.set_paused(pool, pooler.paused_all)
+    return Done("RESUME")
+
+
+def kill(pooler: Pooler, arg: str) -> Reply:
+    """Drop every client and server of a database now; it stays paused until RESUME db."""
+    if pooler.paused_all:
+        raise AdminError("already suspended/paused")
+    if not arg:
+        raise AdminError("a database is required")
+    log.info("KILL '%s' command issued", arg)
+    database = _database(pooler, arg, "kill")
+    pooler.paused_dbs.add(database)
+    for pool in _pools_of(pooler, database):
+        pooler.set_paused(pool, True)
+        for client in list(pool.clients):
+            client.fail(PoolerError("database removed"))
+        for server in list(pool.active) + list(pool.idle) + list(pool.login):
+            pooler.close_server(server, "database removed")
+    return Done("KILL")
+
+
+def kill_client(pooler: Pooler, arg: str) -> Reply:
+    """Disconnect one client, by the `id` column of SHOW CLIENTS."""
+    try:
+        target = int(arg)
+    except ValueError:
+        raise AdminError("invalid client pointer supplied") from None
+    for client in pooler.clients:
+        if client.id == target and client not in pooler.login_clients:
+            client.fail(PoolerError("admin forced disconnect"))
+            return Done("KILL_CLIENT")
+    raise AdminError("client not found")
+
+
+def reconnect(pooler: Pooler, arg: str) -> Reply:
+    """Close every server (of `arg`, or all) as soon as it is released; new ones replace them."""
+    if arg:
+        log.info("RECONNECT '%s' command issued", arg)
+        database: str | None = _database(pooler, arg, "reconnect")
+    else:
+        log.info("RECONNECT command issued")
+        database = None
+    for pool in _pools_of(pooler, database):
+        pooler.tag_dirty(pool, "RECONNECT")
+    return Done("RECONNECT")
+
+
+def wait_close(pooler: Pooler, arg: str) -> Reply:
+    """Answer once no server tagged by RECONNECT (or a changed [databases] entry) is left."""
+    if arg:
+        log.info("WAIT_CLOSE '%s' command issued", arg)
+        database: str | None = _database(pooler, arg, "wait in")
+    else:
+        log.info("WAIT_CLOSE command issued")
+        database = None
+    return WaitFor(lambda: not any(pool.close_needed for pool in _pools_of(pooler, database)),
+                   "WAIT_CLOSE")
+
+
+def disable(pooler: Pooler, arg: str) -> Reply:
+    """Refuse new clients of a database; the connected ones carry on."""
+    if not arg:
+        raise AdminError("a database is required")
+    log.info("DISABLE '%s' command issued", arg)
+    database = _database(pooler, arg, "disable")
+    pooler.disabled_dbs.add(database)
+    for pool in _pools_of(pooler, database):
+        pool.disabled = True
+    return Done("DISABLE")
+
+
+def enable(pooler: Pooler, arg: str) -> Reply:
+    if not arg:
+        raise AdminError("a database is required")
+    log.info("ENABLE '%s' command issued", arg)
+    database = _database(pooler, arg, "enable")
+    pooler.disabled_dbs.discard(database)
+    for pool in _pools_of(pooler, database):
+        pool.disabled = False
+    return Done("ENABLE")
+
+
+def reload(pooler: Pooler, arg: str) -> Reply:
+    log.info("RELOAD command issued")
+    if pooler.reload():
+        return Done("RELOAD")
+    return Done("RELOAD", notice="configuration reload failed, keeping the old one (see the log)")
+
+
+def shutdown(pooler: Pooler, arg: str) -> Reply:
+    """SHUTDOWN: exit now. WAIT_FOR_SERVERS: as SIGINT (let transactions finish).
+    WAIT_FOR_CLIENTS: as SIGTERM (let clients leave)."""
+    mode = arg.upper()
+    if mode == "":
+        log.info("SHUTDOWN command issued")
+        pooler.shutdown("now")
+        return NO_REPLY
+    how = {"WAIT_FOR_SERVERS": "SIGINT", "WAIT_FOR_CLIENTS": "SIGTERM"}.get(mode)
+    if how is None:
+        raise InvalidCommand(arg)
+    log.info("SHUTDOWN %s command issued", mode)
+    return Done("SHUTDOWN", then=lambda: pooler.shutdown(how))
+
+
+def set_param(pooler: Pooler, key: str, value: str, is_admin: bool) -> Reply:
+    """SET key = value: a [pgbouncer] key, live, as a RELOAD with that one key changed."""
+    if key.lower() in FAKE_PARAMS:
+        return Done("SET", notice="SET ignored")
+    if not is_admin:
+        raise AdminError("admin access needed")
+    try:
+        new = replace_setting(pooler.settings.pooler, key, value)
+    except SettingsError as exc:
+        log.warning("SET %s = %r failed: %s", key, value, exc)
+        raise AdminError("SET failed") from None
+    log.info("SET %s = %r", key, value)
+    pooler.apply_settings(dataclasses.replace(pooler.settings, pooler=new))
+    return Done(f"SET {key}={value}")
+
+
+# Commands that take an optional argument, by name. SHOW and SET are parsed by the console.
+COMMANDS: dict[str, Callable[[Pooler, str], Reply]] = {
+    "disable": disable,
+    "enable": enable,
+    "kill": kill,
+    "kill_client": kill_client,
+    "pause": pause,
+    "reconnect": reconnect,
+    "reload": reload,
+    "resume": resume,
+    "shutdown": shutdown,
+    "wait_close": wait_close,
+}
+# Commands that reject any argument (PgBouncer answers "invalid command" instead).
+NO_ARGUMENT = frozenset({"reload"})
