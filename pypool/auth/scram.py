@@ -48,12 +48,19 @@ class ScramVerifier:
             stored, server = keys.split(":", 1)
             if mech != MECHANISM:
                 return None
-            return cls(
+            b64 = base64.b64decode
+            verifier = cls(
                 int(iterations),
-                base64.b64decode(salt),
-                base64.b64decode(stored),
-                base64.b64decode(server),
+                b64(salt, validate=True),
+                b64(stored, validate=True),
+                b64(server, validate=True),
             )
+            # SHA-256 keys are 32 bytes; anything else is a damaged verifier.
+            if len(verifier.stored_key) != 32 or len(verifier.server_key) != 32:
+                return None
+            if not verifier.salt or verifier.iterations < 1:
+                return None
+            return verifier
         except (ValueError, TypeError):
             return None
 
@@ -80,6 +87,14 @@ def _hmac(key: bytes, msg: bytes) -> bytes:
     return hmac.new(key, msg, hashlib.sha256).digest()
 
 
+_MOCK_KEY = os.urandom(32)
+
+
+def mock_salt(user: str) -> bytes:
+    """A salt for `user` that stays the same for the life of the process, unguessable."""
+    return _hmac(_MOCK_KEY, b"salt:" + user.encode())[:16]
+
+
 def _xor(a: bytes, b: bytes) -> bytes:
     return bytes(x ^ y for x, y in zip(a, b, strict=True))
 
@@ -93,13 +108,17 @@ class ScramServerExchange:
 
     Written here rather than with scramp's ScramServer: libpq sends an empty user name
     (`n=,r=...`, PostgreSQL takes the name from the startup packet), which scramp's parser
-    rejects. `verifier` None means the user is unknown: the exchange runs against a random
+    rejects. `verifier` None means the user is unknown: the exchange runs against a made-up
     verifier and fails at the proof, like a wrong password.
     """
 
-    def __init__(self, verifier: ScramVerifier | None) -> None:
+    def __init__(self, verifier: ScramVerifier | None, user: str = "") -> None:
         self.known = verifier is not None
-        self.verifier = verifier or ScramVerifier.from_password(os.urandom(16).hex())
+        # Like PostgreSQL's mock: a salt that is stable per user name (a changing salt
+        # would tell an unknown user from a known one) and no PBKDF2 work to time.
+        self.verifier = verifier or ScramVerifier(
+            4096, mock_salt(user), os.urandom(32), os.urandom(32)
+        )
         self.client_key: bytes | None = None
         self._gs2_header = ""
         self._client_first_bare = ""

@@ -462,9 +462,9 @@ class ClientConnection(asyncio.Protocol):
                 # owed and no server, it is dropped rather than take a server for nothing.
                 if self.server is None and not self.pending and not self.unsynced and size == 5:
                     if pos:
-                        self._forward(data[:pos])
+                        self._forward(self._rewritten(data, pos, parts, start))
                     data = data[pos + size :]
-                    n, pos = len(data), 0
+                    n, pos, parts, start = len(data), 0, [], 0
                     continue
             elif kind == m.TERMINATE:
                 if pos:

@@ -72,12 +72,14 @@ def parse_startup_packet(packet: bytes) -> StartupPacket:
     major, minor = code >> 16, code & 0xFFFF
     if major != 3:
         raise StartupError(f"unsupported frontend protocol {major}.{minor}")
-    body = packet[8:]
-    if not body.endswith(b"\x00"):
+    # name NUL value NUL ... then one more NUL ending the list (PostgreSQL: "expected
+    # terminator as last byte").
+    strings = packet[8:-1]
+    if len(packet) <= 8 or not packet.endswith(b"\x00") or (
+        strings and not strings.endswith(b"\x00")
+    ):
         raise StartupError("invalid startup packet: missing terminator")
-    parts = body[:-1].split(b"\x00")
-    if len(parts) % 2 == 1 and parts[-1] == b"":
-        parts = parts[:-1]
+    parts = strings[:-1].split(b"\x00") if strings else []
     if len(parts) % 2:
         raise StartupError("invalid startup packet: odd number of strings")
     params: dict[str, str] = {}

@@ -1,0 +1,350 @@
+"""The ini (PgBouncer's format) and URL parsing into Settings."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from pypool.settings import (
+    DatabaseEntry,
+    PoolerSettings,
+    SettingsError,
+    from_url,
+    load_ini,
+    parse_bool,
+    parse_connstring,
+    parse_duration,
+)
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def write_ini(tmp_path: Path, text: str, name: str = "pgbouncer.ini") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+BASIC = """
+[databases]
+app = host=10.0.0.5 port=5433 dbname=app_prod pool_size=7
+bench = host=127.0.0.1 dbname=bench
+
+[pgbouncer]
+listen_addr = 0.0.0.0
+listen_port = 6543
+auth_type = scram-sha-256
+auth_file = userlist.txt
+pool_mode = transaction
+default_pool_size = 11
+max_client_conn = 1000
+admin_users = pool_admin, ops
+ignore_startup_parameters = extra_float_digits,search_path
+query_wait_timeout = 30
+server_idle_timeout = 1.5
+log_connections = 0
+"""
+
+
+def test_pgbouncer_section(tmp_path: Path) -> None:
+    settings = load_ini(write_ini(tmp_path, BASIC))
+    p = settings.pooler
+    assert p.listen_addr == "0.0.0.0"
+    assert p.listen_port == 6543
+    assert p.auth_type == "scram-sha-256"
+    assert p.pool_mode == "transaction"
+    assert p.default_pool_size == 11
+    assert p.max_client_conn == 1000
+    assert p.admin_users == ("pool_admin", "ops")
+    assert p.ignore_startup_parameters == ("extra_float_digits", "search_path")
+    assert p.query_wait_timeout == 30.0
+    assert p.server_idle_timeout == 1.5
+    assert p.log_connections is False
+    # A relative auth_file is relative to the ini's folder.
+    assert p.auth_file == str(tmp_path / "userlist.txt")
+    # Untouched keys keep PgBouncer's defaults.
+    assert p.reserve_pool_timeout == 5.0
+    assert p.server_lifetime == 3600.0
+    assert p.client_login_timeout == 60.0
+    assert p.max_prepared_statements == 200
+    assert settings.path == str(tmp_path / "pgbouncer.ini")
+
+
+def test_databases_section(tmp_path: Path) -> None:
+    settings = load_ini(write_ini(tmp_path, BASIC))
+    app = settings.databases["app"]
+    assert app == DatabaseEntry(
+        name="app", host="10.0.0.5", port=5433, dbname="app_prod", pool_size=7
+    )
+    assert app.server_dbname == "app_prod"
+    bench = settings.databases["bench"]
+    assert bench.port == 5432 and bench.pool_size is None
+    assert settings.database("nope") is None
+
+
+def test_defaults_match_pgbouncer() -> None:
+    p = PoolerSettings()
+    assert (p.listen_port, p.pool_mode, p.default_pool_size, p.min_pool_size) == (
+        6432, "session", 20, 0
+    )
+    assert (p.reserve_pool_size, p.max_client_conn, p.query_wait_timeout) == (0, 100, 120.0)
+    assert (p.server_connect_timeout, p.server_login_retry, p.server_reset_query) == (
+        15.0, 15.0, "DISCARD ALL"
+    )
+    assert p.server_idle_timeout == 600.0
+
+
+def test_absolute_auth_file_kept(tmp_path: Path) -> None:
+    path = write_ini(tmp_path, "[pgbouncer]\nauth_file = /etc/pgbouncer/userlist.txt\n")
+    assert load_ini(path).pooler.auth_file == "/etc/pgbouncer/userlist.txt"
+
+
+def test_pypool_section_is_accepted(tmp_path: Path) -> None:
+    path = write_ini(tmp_path, "[pypool]\nlisten_port = 7000\npool_mode = statement\n")
+    settings = load_ini(path)
+    assert settings.pooler.listen_port == 7000
+    assert settings.pooler.pool_mode == "statement"
+    assert settings.databases == {}
+
+
+def test_no_pooler_section(tmp_path: Path) -> None:
+    path = write_ini(tmp_path, "[databases]\napp = host=x\n")
+    with pytest.raises(SettingsError, match="no \\[pgbouncer\\] or \\[pypool\\] section") as info:
+        load_ini(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.ini"
+    with pytest.raises(SettingsError, match="cannot read") as info:
+        load_ini(path)
+    assert str(path) in str(info.value)
+
+
+def test_broken_ini_syntax(tmp_path: Path) -> None:
+    path = write_ini(tmp_path, "[pgbouncer\nlisten_port = 1\n")
+    with pytest.raises(SettingsError) as info:
+        load_ini(path)
+    assert str(path) in str(info.value)
+
+
+def test_unknown_key_is_a_warning_naming_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write_ini(tmp_path, "[pgbouncer]\nlisten_port = 7001\nfrobnicate_level = 3\n")
+    with caplog.at_level(logging.WARNING, logger="pypool.settings"):
+        settings = load_ini(path)
+    assert settings.pooler.listen_port == 7001
+    assert "frobnicate_level" in caplog.text
+
+
+def test_pgbouncer_keys_pypool_does_not_act_on_are_quiet(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    text = (
+        "[pgbouncer]\nunix_socket_dir = /tmp\nclient_tls_sslmode = disable\n"
+        "tcp_keepalive = 1\nserver_tls_sslmode = prefer\ndns_max_ttl = 15\n"
+    )
+    with caplog.at_level(logging.WARNING, logger="pypool.settings"):
+        load_ini(write_ini(tmp_path, text))
+    assert caplog.text == ""
+
+
+def test_keys_are_case_insensitive(tmp_path: Path) -> None:
+    path = write_ini(tmp_path, "[pgbouncer]\nListen_Port = 7002\nPOOL_MODE = transaction\n")
+    settings = load_ini(path)
+    assert settings.pooler.listen_port == 7002
+    assert settings.pooler.pool_mode == "transaction"
+
+
+def test_comments(tmp_path: Path) -> None:
+    text = "; comment\n[pgbouncer]\n# another\nlisten_port = 7003\n;listen_port = 1\n"
+    assert load_ini(write_ini(tmp_path, text)).pooler.listen_port == 7003
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("15", 15.0),
+        ("0", 0.0),
+        ("0.5", 0.5),
+        (".25", 0.25),
+        ("500ms", 0.5),
+        ("250 ms", 0.25),
+        ("100us", 1e-4),
+        ("3s", 3.0),
+        ("2min", 120.0),
+        ("1h", 3600.0),
+        ("1d", 86400.0),
+        (" 7 ", 7.0),
+    ],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "soon", "5 minutes", "-1", "1e3", "ms", "5x"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def test_durations_in_the_ini(tmp_path: Path) -> None:
+    text = (
+        "[pgbouncer]\nquery_wait_timeout = 500ms\nserver_lifetime = 2min\n"
+        "reserve_pool_timeout = 0.2\nidle_transaction_timeout = 1h\n"
+    )
+    p = load_ini(write_ini(tmp_path, text)).pooler
+    assert p.query_wait_timeout == pytest.approx(0.5)
+    assert p.server_lifetime == pytest.approx(120.0)
+    assert p.reserve_pool_timeout == pytest.approx(0.2)
+    assert p.idle_transaction_timeout == pytest.approx(3600.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1", True), ("yes", True), ("On", True), ("true", True),
+     ("0", False), ("no", False), ("OFF", False), ("false", False)],
+)
+def test_booleans(text: str, value: bool) -> None:
+    assert parse_bool(text) is value
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("listen_port", "sixty"),
+        ("default_pool_size", "1.5"),
+        ("query_wait_timeout", "soon"),
+        ("log_connections", "maybe"),
+        ("pool_mode", "connection"),
+        ("auth_type", "kerberos"),
+        ("auth_type", "hba"),
+    ],
+)
+def test_bad_values_name_the_file_and_key(tmp_path: Path, key: str, value: str) -> None:
+    path = write_ini(tmp_path, f"[pgbouncer]\n{key} = {value}\n")
+    with pytest.raises(SettingsError) as info:
+        load_ini(path)
+    message = str(info.value)
+    assert str(path) in message
+    assert key in message
+
+
+def test_connstring_quoting() -> None:
+    assert parse_connstring("host=db port=5433") == {"host": "db", "port": "5433"}
+    assert parse_connstring("application_name='my app' dbname = x") == {
+        "application_name": "my app",
+        "dbname": "x",
+    }
+    assert parse_connstring(r"password='it''s \'quoted\' \\ ok'") == {
+        "password": "it's 'quoted' \\ ok"
+    }
+    assert parse_connstring("password=''") == {"password": ""}
+    assert parse_connstring("  HOST=db  ") == {"host": "db"}
+    assert parse_connstring("") == {}
+
+
+@pytest.mark.parametrize("text", ["host", "password='unterminated", "host=db junk"])
+def test_bad_connstrings(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_connstring(text)
+
+
+def test_database_entry_with_quotes_and_options(tmp_path: Path) -> None:
+    text = (
+        "[databases]\n"
+        "app = host=127.0.0.1 dbname=app user=app password='p w''d' "
+        "application_name='my app' pool_mode=session max_db_connections=9 "
+        "reserve_pool_size=2 min_pool_size=1 auth_user=pool_admin timezone=UTC\n"
+        "[pgbouncer]\n"
+    )
+    entry = load_ini(write_ini(tmp_path, text)).databases["app"]
+    assert entry.password == "p w'd"
+    assert entry.application_name == "my app"
+    assert entry.pool_mode == "session"
+    assert (entry.max_db_connections, entry.reserve_pool_size, entry.min_pool_size) == (9, 2, 1)
+    assert (entry.user, entry.auth_user, entry.timezone) == ("app", "pool_admin", "UTC")
+
+
+def test_database_entry_unknown_key_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    text = "[databases]\napp = host=127.0.0.1 sslmode=require\n[pgbouncer]\n"
+    with caplog.at_level(logging.WARNING, logger="pypool.settings"):
+        entry = load_ini(write_ini(tmp_path, text)).databases["app"]
+    assert entry.host == "127.0.0.1"
+    assert "sslmode" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("connstr", "key"),
+    [
+        ("host=x port=abc", "port"),
+        ("host=x pool_size=many", "pool_size"),
+        ("host=x pool_mode=connection", "pool_mode"),
+        ("host=x password='open", "app"),
+    ],
+)
+def test_bad_database_entries_name_the_file_and_key(
+    tmp_path: Path, connstr: str, key: str
+) -> None:
+    path = write_ini(tmp_path, f"[databases]\napp = {connstr}\n[pgbouncer]\n")
+    with pytest.raises(SettingsError) as info:
+        load_ini(path)
+    assert str(path) in str(info.value)
+    assert key in str(info.value)
+
+
+def test_star_fallback(tmp_path: Path) -> None:
+    text = "[databases]\napp = host=10.0.0.1\n* = host=10.0.0.2 port=6000\n[pgbouncer]\n"
+    settings = load_ini(write_ini(tmp_path, text))
+    assert settings.database("app") is not None
+    assert settings.database("app").host == "10.0.0.1"  # type: ignore[union-attr]
+    other = settings.database("reports")
+    assert other is not None
+    assert (other.name, other.host, other.port) == ("reports", "10.0.0.2", 6000)
+    # Without dbname, the server database is the name the client asked for.
+    assert other.server_dbname == "reports"
+
+
+def test_unix_socket_host_falls_back_to_tcp(tmp_path: Path) -> None:
+    text = "[databases]\napp = host=/var/run/postgresql\n[pgbouncer]\n"
+    assert load_ini(write_ini(tmp_path, text)).databases["app"].host == "127.0.0.1"
+
+
+def test_users_section(tmp_path: Path) -> None:
+    text = (
+        "[databases]\n[pgbouncer]\n[users]\n"
+        "reporting = pool_mode=session max_user_connections=3 pool_size=4\n"
+    )
+    user = load_ini(write_ini(tmp_path, text)).users["reporting"]
+    assert (user.pool_mode, user.max_user_connections, user.pool_size) == ("session", 3, 4)
+
+
+def test_from_url() -> None:
+    settings = from_url("postgresql://app:s%40cret@db.example:5433/appdb", listen_port=7010)
+    entry = settings.databases["appdb"]
+    assert (entry.host, entry.port, entry.dbname) == ("db.example", 5433, "appdb")
+    p = settings.pooler
+    assert p.listen_port == 7010
+    assert p.pool_mode == "transaction"
+    assert p.auth_type == "scram-sha-256"
+    assert p.admin_users == ("app",)
+    assert settings.inline_users == {"app": "s@cret"}
+
+
+def test_from_url_defaults() -> None:
+    settings = from_url("postgres://bob@localhost")
+    assert list(settings.databases) == ["bob"]  # dbname defaults to the user
+    assert settings.databases["bob"].port == 5432
+    assert settings.pooler.auth_type == "trust"  # no password: nothing to check
+    assert settings.inline_users == {}
+
+
+@pytest.mark.parametrize("url", ["mysql://x@y/z", "http://x", "just-a-string"])
+def test_from_url_rejects_other_schemes(url: str) -> None:
+    with pytest.raises(SettingsError):
+        from_url(url)
