@@ -27,6 +27,7 @@ from ..auth.md5 import is_md5_hash
 from ..auth.scram import ScramVerifier, is_scram_verifier
 from ..pooling.params import set_statements
 from ..pooling.pool import Pool, PoolLimits
+from ..pooling.prepared import Registry
 from ..pooling.stats import StatsPeriods, stats_line
 from ..protocol import errors
 from ..protocol import messages as m
@@ -74,6 +75,8 @@ class Pooler:
         self.auth_secrets: dict[str, str] = {}
         self.auth_query_secrets: dict[str, str] = {}
         self.scram_client_keys: dict[str, bytes] = {}
+        # Prepared statements by Parse body, shared by all pools (pooling/prepared.py).
+        self.statement_registry = Registry()
         self.listeners: list[asyncio.AbstractServer] = []
         self.shutting_down = ""  # "", "SIGINT" (drain transactions) or "SIGTERM" (drain clients)
         self.stopped = self.loop.create_future()
@@ -447,6 +450,7 @@ class Pooler:
         server.state = ServerState.CLOSED
         pool = server.pool
         pool.forget(server)
+        server.statements.close()
         self.servers_per_db[pool.database] = self.servers_per_db.get(pool.database, 1) - 1
         self.servers_per_user[pool.user] = self.servers_per_user.get(pool.user, 1) - 1
         client = server.client
@@ -561,6 +565,8 @@ class Pooler:
             server.client = None
             server.resume_reading()
             clean = client.pending == 0 and not client.unsynced and client.tx_status == m.TX_IDLE
+            if clean and not server.statements.detach():
+                clean = False  # prepared-statement replies still owed: see release()
             if clean:
                 cfg = self.settings.pooler
                 assert pool is not None
@@ -571,6 +577,8 @@ class Pooler:
                 self.server_available(server)
             else:
                 server.close("client disconnected with a transaction or query in progress")
+        if client.statements is not None:
+            client.statements.close()
         if self.settings.pooler.log_disconnections and client.user:
             log.info("%r: closing because: %s", client, reason)
         self._maybe_exit()
@@ -609,7 +617,7 @@ class Pooler:
         sql = set_statements(client.params, server.params)
         if sql:
             server.send_hidden_query(sql)
-        data = client.take_outbox()
+        data = client.take_outbox(server)
         if data:
             assert server.transport is not None
             server.transport.write(data)
@@ -628,9 +636,17 @@ class Pooler:
         server.resume_reading()
         client.resume_reading()
         client.set_state(ClientState.IDLE)
-        self.server_available(server)
+        if server.statements.detach():
+            self.server_available(server)
+        else:
+            # Never expected: a request of the client's still waits for its reply, which
+            # the next client would get. Do not hand the server on.
+            log.error("%r: prepared-statement requests still queued at release", server)
+            server.close("prepared-statement replies out of step")
         if client.close_after_release:
             client.fail(PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN))
+        elif client._blocked:
+            client.resume_rewriting()  # what it sent meanwhile goes to its next server
 
     def server_available(self, server: ServerConnection) -> None:
         """A server with no client: hand it to the first waiting client, or keep it idle."""

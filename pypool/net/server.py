@@ -10,7 +10,10 @@ States (one line each):
 The server is never handed on while replies are owed: the release decision is taken on a
 ReadyForQuery with status `I` when the linked client owes nothing more (see client.py).
 Replies to queries the pooler sends itself (SET for session parameters, the reset query)
-are counted in `hidden_syncs` and swallowed up to their ReadyForQuery.
+are counted in `hidden_syncs` and swallowed up to their ReadyForQuery. While prepared
+statements are rewritten (`statements`, see pooling/prepared.py) and the request at the head
+of its queue needs it, replies are read one message at a time and matched to their requests;
+a plain Query or Sync at the head leaves the hot path as it is.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from ..auth.md5 import md5_response_from_secret
 from ..auth.scram import MECHANISM, ScramAuthError, ScramClientLogin, ScramVerifier
+from ..pooling import prepared
 from ..protocol import messages as m
 from ..protocol.framing import MessageBuffer
 
@@ -86,6 +90,11 @@ class ServerConnection(asyncio.Protocol):
         self.connect_time = now
         self.request_time = now  # when last linked or released
         self.hidden_syncs = 0
+        # Prepared statements on this server and the requests its replies answer.
+        self.statements = prepared.ServerStatements(
+            pooler.statement_registry, pooler.settings.pooler.max_prepared_statements,
+            pool.stats,
+        )
         self.close_reason = ""
         self.local_port = 0
         self.ready: asyncio.Future[None] = pooler.loop.create_future()
@@ -272,22 +281,75 @@ class ServerConnection(asyncio.Protocol):
     def _relay(self, data: bytes) -> None:
         """Forward the server's bytes to the linked client, acting on the few messages that
         matter: ReadyForQuery (release), ParameterStatus (tracking), ErrorResponse
-        (counting). Everything else streams through untouched."""
+        (counting), CommandComplete of DISCARD/DEALLOCATE ALL. Everything else streams
+        through untouched, unless the prepared-statement queue says otherwise."""
         if self._partial:
             data = self._partial + data
             self._partial = b""
         n = len(data)
         pos = self._skip
+        st = self.statements
         if pos >= n and not self.hidden_syncs:
             self._skip = pos - n
             if self.client is not None:
                 self.client.write(data)
+            if st.tracking == 2 and not self._skip:
+                self._write_synthetic()
             return
         self._skip = 0
         out = 0  # start of the bytes not yet written to the client
         while n - pos >= 5:
             kind = data[pos]
             end = pos + 1 + int.from_bytes(data[pos + 1 : pos + 5], "big")
+            if st.tracking and not self.hidden_syncs:
+                # The slow path: this reply is matched to the request at the queue's head.
+                client = self.client
+                if st.tracking == 2:  # a reply the pooler makes goes out before this one
+                    synthetic = st.emit_synthetic()
+                    if client is not None:
+                        if out < pos:
+                            client.write(data[out:pos])
+                        client.write(synthetic)
+                    out = pos
+                    continue
+                if end > n:
+                    if (kind == m.DATA_ROW or kind == m.COPY_DATA) and not st.queue[0][1]:
+                        self._skip = end - n  # stream long rows; they complete nothing
+                        pos = n
+                    break
+                if kind == m.COMMAND_COMPLETE or kind == m.ERROR_RESPONSE:
+                    body = data[pos + 5 : end]
+                    if kind == m.ERROR_RESPONSE:
+                        errs = self.pool.stats.errors
+                        errs["server"] = errs.get("server", 0) + 1
+                elif kind == m.PARAMETER_STATUS:
+                    body = data[pos + 5 : end]
+                    self._parameter_status(body)
+                else:
+                    body = b""
+                verdict = st.reply(kind, body)
+                if verdict or st.to_client:
+                    if verdict == prepared.READY:
+                        if (data[pos + 5] != m.TX_IDLE
+                                and self.pool.limits.pool_mode == "statement"):
+                            stop = pos  # withheld, as on the hot path below
+                        else:
+                            stop = end
+                    else:
+                        stop = pos if verdict else end
+                    if client is not None and out < stop:
+                        client.write(data[out:stop])
+                    out = end
+                    if client is not None:
+                        if verdict == prepared.REPLACE:
+                            client.write(st.replacement)
+                        if st.to_client:
+                            client.write(b"".join(st.to_client))
+                    st.to_client.clear()
+                    if verdict == prepared.READY and client is not None:
+                        client.ready_for_query(data[pos + 5])
+                pos = end
+                continue
             if kind == m.READY_FOR_QUERY or kind == m.PARAMETER_STATUS or self.hidden_syncs:
                 if end > n:
                     break
@@ -299,11 +361,22 @@ class ServerConnection(asyncio.Protocol):
                     self._hidden_message(kind, data[pos + 5 : end])
                 elif kind == m.READY_FOR_QUERY:
                     client = self.client
+                    if st.queue:
+                        st.pop_ready()
                     if client is None:
                         out = end
+                    elif data[pos + 5] != m.TX_IDLE and self.pool.limits.pool_mode == "statement":
+                        # As PgBouncer: the ReadyForQuery is withheld, so the statement that
+                        # opened the transaction fails (ready_for_query sends the FATAL).
+                        client.write(data[out:pos])
+                        out = end
+                        client.ready_for_query(data[pos + 5])
                     else:
                         client.write(data[out:end])
                         out = end
+                        if st.to_client:
+                            client.write(b"".join(st.to_client))
+                            st.to_client.clear()
                         client.ready_for_query(data[pos + 5])
                 else:
                     self._parameter_status(data[pos + 5 : end])
@@ -313,6 +386,11 @@ class ServerConnection(asyncio.Protocol):
                     self._skip = end - n
                     pos = n
                     break
+            elif kind == m.COMMAND_COMPLETE:
+                if end > n:
+                    break  # small: wait for all of it
+                if data[pos + 5] == 68:  # "D": DISCARD ALL, DEALLOCATE ALL drop statements
+                    st.command_tag(data[pos + 5 : end])
             elif end > n:
                 self._skip = end - n
                 pos = n
@@ -324,6 +402,19 @@ class ServerConnection(asyncio.Protocol):
             client = self.client
             if client is not None:
                 client.write(data[out:pos] if out or pos < n else data)
+        if st.tracking == 2 and not self._skip and not self._partial:
+            self._write_synthetic()
+        if st.blocked and self.client is not None:
+            self.client.resume_rewriting()
+
+    def at_message_boundary(self) -> bool:
+        """Whether the next byte from the server starts a message (nothing half-relayed)."""
+        return not self._skip and not self._partial
+
+    def _write_synthetic(self) -> None:
+        synthetic = self.statements.emit_synthetic()
+        if self.client is not None and synthetic:
+            self.client.write(synthetic)
 
     def _parameter_status(self, body: bytes) -> None:
         name, value = m.parse_parameter_status(body)
@@ -336,6 +427,8 @@ class ServerConnection(asyncio.Protocol):
             self.hidden_syncs -= 1
         elif kind == m.PARAMETER_STATUS:
             self._parameter_status(body)
+        elif kind == m.COMMAND_COMPLETE:
+            self.statements.command_tag(body)  # a reset query's DISCARD ALL
         elif kind == m.ERROR_RESPONSE:
             fields = m.parse_error_fields(body)
             log.warning("%r: pooler-issued query failed: %s %s", self, fields.get("C"),

@@ -1,0 +1,855 @@
+"""Prepared statements that survive transaction pooling (`max_prepared_statements`).
+
+A client prepares a statement in one transaction and binds it in a later one, which under
+transaction pooling may run on another server. This module makes that work. It owns the
+statement maps and the rewriting of Parse, Bind, Describe and Close; it takes client
+messages and server replies as bytes and returns bytes and verdicts. It never touches a
+socket and never imports asyncio: `net/client.py` and `net/server.py` are the glue.
+
+Theory of operation
+-------------------
+Four pieces of state:
+
+* `Registry` (one per pooler): a `Statement` per distinct Parse body (query text plus
+  parameter types), with one server-side name `PYPOOL_<n>`, reference counted by the
+  clients and servers that use it.
+* `ClientStatements` (per client): the client's statement names mapped to Statements
+  (capped by max_client_prepared_statements), and its SQL-level `PREPARE`s (name -> text).
+* `ServerStatements` (per server): an LRU of the Statements prepared there, bounded by
+  max_prepared_statements; the SQL-level names prepared there; and the queue of requests
+  outstanding on the link. The linked client's ClientStatements is `client`.
+* The request queue: one entry per request sent to the server on the client's behalf, or
+  answered by the pooler itself, in the order the client sent them. Each entry says which
+  reply completes it (`W_*`), whether that reply is swallowed, and what to do when it
+  completes or when it is skipped after an error (`OP_*`).
+
+What happens to each client message (rewritten names are the server-side ones):
+
+  Parse "s"      s already mapped: 42P05 "already exists" (synthesised, as PostgreSQL would)
+                 server has the body: nothing sent, ParseComplete synthesised in order
+                 server lacks it: Parse "PYPOOL_n" sent, its ParseComplete forwarded
+  Bind/Describe  s unknown: 26000 "does not exist" (synthesised); server lacks the body:
+    "s"          Parse "PYPOOL_n" injected first, its ParseComplete swallowed
+  Close "s"      mapping dropped, CloseComplete synthesised; the server keeps the plan
+  unnamed        Parse "", Bind of "", portals: passed through untouched
+  PREPARE/EXECUTE/DEALLOCATE name as a simple Query: SQL-level statements keep the client's
+                 own name on the server (the SQL text refers to it). They are made to exist
+                 on every server the client lands on (hidden PREPAREs at link time) and a
+                 same-named statement of another client is deallocated first.
+
+A synthesised reply waits in the queue until every reply ahead of it has gone to the
+client. When the server reports an ErrorResponse for an extended-protocol request it skips
+everything up to the next Sync: those entries are dropped and their optimistic effects
+undone in reverse order (a failed Parse is forgotten by the server map and the client map,
+a skipped Close is undone). After a synthesised error the pooler itself discards the
+client's messages up to its Sync, so the server and the client agree on what ran.
+`DEALLOCATE ALL` and `DISCARD ALL`, seen in CommandComplete tags, clear the maps.
+
+A few outcomes cannot be known when a message is rewritten: a Parse of a name, or of a
+body, whose first Parse is still unanswered in an earlier Sync segment. There the pooler
+returns `WAIT`: the glue holds the client's remaining messages until the queue has moved on.
+
+Each server keeps at most max_prepared_statements; to make room, the least recently used
+statement is closed (CloseComplete swallowed), unless it was used in the current link
+(a portal made from it may still be open): then the cap is exceeded until the next link.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Any
+
+from ..protocol import errors
+from ..protocol import messages as m
+
+if TYPE_CHECKING:
+    from .pool import PoolStats
+
+log = logging.getLogger("pypool.prepared")
+
+PREFIX = b"PYPOOL_"
+
+
+class Statement:
+    """One distinct Parse body and the name servers know it by."""
+
+    __slots__ = ("key", "name", "refs")
+
+    def __init__(self, key: bytes, name: bytes) -> None:
+        self.key = key  # the Parse body after the statement name: query, NUL, types
+        self.name = name  # server-side name, b"PYPOOL_<n>"
+        self.refs = 0  # client map entries + server LRU entries + queue entries owning one
+
+    def __repr__(self) -> str:
+        return f"<Statement {self.name.decode()} refs={self.refs}>"
+
+    def parse_message(self) -> bytes:
+        """The Parse that prepares this statement on a server under its pooler name."""
+        body = self.name + b"\x00" + self.key
+        return b"P" + (len(body) + 4).to_bytes(4, "big") + body
+
+
+class Registry:
+    """The pooler-wide Statements, keyed on the Parse body; freed when nobody refers to one."""
+
+    def __init__(self, prefix: bytes = PREFIX) -> None:
+        self.statements: dict[bytes, Statement] = {}
+        self.prefix = prefix
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self.statements)
+
+    def acquire(self, key: bytes) -> Statement:
+        stmt = self.statements.get(key)
+        if stmt is None:
+            self._next += 1
+            stmt = Statement(key, self.prefix + str(self._next).encode())
+            self.statements[key] = stmt
+        stmt.refs += 1
+        return stmt
+
+    def hold(self, stmt: Statement) -> None:
+        """One more reference to a Statement already held by someone."""
+        stmt.refs += 1
+        if self.statements.get(stmt.key) is None:
+            self.statements[stmt.key] = stmt
+
+    def release(self, stmt: Statement) -> None:
+        stmt.refs -= 1
+        if stmt.refs <= 0 and self.statements.get(stmt.key) is stmt:
+            del self.statements[stmt.key]
+
+
+class ClientStatements:
+    """One client's prepared statements, as the client names them."""
+
+    __slots__ = ("names", "sql", "registry", "cap")
+
+    def __init__(self, registry: Registry, cap: int) -> None:
+        self.names: dict[bytes, Statement] = {}  # protocol-level: client name -> Statement
+        self.sql: dict[bytes, bytes] = {}  # SQL-level: folded name -> its PREPARE query text
+        self.registry = registry
+        self.cap = cap  # max_client_prepared_statements; 0 means no cap
+
+    def __len__(self) -> int:
+        return len(self.names) + len(self.sql)
+
+    def close(self) -> None:
+        """The client is gone: give back its references."""
+        release = self.registry.release
+        for stmt in self.names.values():
+            release(stmt)
+        self.names.clear()
+        self.sql.clear()
+
+
+# --- the request queue --------------------------------------------------------------------
+
+# What completes a queued request.
+W_SYNTHETIC = 0  # nothing from the server: the pooler answers when it reaches the head
+W_PARSE = 1  # ParseComplete
+W_BIND = 2  # BindComplete
+W_CLOSE = 3  # CloseComplete
+W_DESCRIBE = 4  # RowDescription or NoData (after a ParameterDescription for a statement)
+W_EXECUTE = 5  # CommandComplete, EmptyQueryResponse or PortalSuspended
+W_SYNC = 6  # ReadyForQuery of a Sync; an error skip stops here
+W_READY = 7  # ReadyForQuery of a Query or FunctionCall; skipped after an error like the rest
+
+# What to do when a request completes (ok) or is skipped after an error (failed).
+OP_NONE = 0
+OP_PARSE = 1  # the client's named Parse, sent: failed -> forget in server and client maps
+OP_PARSE_HIT = 2  # the client's named Parse, answered by the pooler: failed -> forget mapping
+OP_INJECT = 3  # the pooler's Parse before a Bind/Describe: failed -> forget in server map
+OP_EVICT = 4  # the pooler's Close of an LRU statement: ok -> drop ref; failed -> back in LRU
+OP_CLOSE = 5  # the client's Close, answered by the pooler: ok -> drop ref; failed -> restore
+OP_NAMED = 6  # Bind/Describe of a named statement: kept to name it in a server error
+OP_SQL = 7  # the client's PREPARE/DEALLOCATE query: applied when its tag confirms it
+OP_HIDDEN = 8  # the pooler's own SQL-level PREPARE/DEALLOCATE: failed -> forget the name
+
+# A request: (wait, swallow, op, stmt, client name, segment, payload). `segment` counts the
+# Syncs queued before it on this server; `payload` is the synthesised reply (W_SYNTHETIC) or
+# the SqlCommand (OP_SQL).
+Request = tuple[int, bool, int, "Statement | None", "bytes | None", int, Any]
+
+_PARSE: Request = (W_PARSE, False, OP_NONE, None, None, 0, None)
+_BIND: Request = (W_BIND, False, OP_NONE, None, None, 0, None)
+_CLOSE: Request = (W_CLOSE, False, OP_NONE, None, None, 0, None)
+_DESCRIBE: Request = (W_DESCRIBE, False, OP_NONE, None, None, 0, None)
+_EXECUTE: Request = (W_EXECUTE, False, OP_NONE, None, None, 0, None)
+_SYNC: Request = (W_SYNC, False, OP_NONE, None, None, 0, None)
+_HIDDEN_SYNC: Request = (W_SYNC, True, OP_NONE, None, None, 0, None)
+_READY: Request = (W_READY, False, OP_NONE, None, None, 0, None)
+
+# Which reply completes which wait, indexed by the reply's type byte.
+_COMPLETES = [-1] * 256
+_COMPLETES[ord("1")] = W_PARSE
+_COMPLETES[ord("2")] = W_BIND
+_COMPLETES[ord("3")] = W_CLOSE
+_COMPLETES[ord("T")] = W_DESCRIBE
+_COMPLETES[ord("n")] = W_DESCRIBE
+_COMPLETES[ord("C")] = W_EXECUTE
+_COMPLETES[ord("I")] = W_EXECUTE
+_COMPLETES[ord("s")] = W_EXECUTE
+
+# Verdicts on a server reply.
+FORWARD = 0  # pass it to the client
+SWALLOW = 1  # the client must not see it
+READY = 2  # pass it: it is a ReadyForQuery the client is owed
+REPLACE = 3  # send `ServerStatements.replacement` instead
+
+PARSE_COMPLETE = m.parse_complete()
+CLOSE_COMPLETE = m.close_complete()
+
+
+class Wait:
+    """Returned for a client message whose fate depends on a reply still owed."""
+
+    def __repr__(self) -> str:
+        return "WAIT"
+
+
+WAIT = Wait()
+
+
+def _quote_ident(name: bytes) -> bytes:
+    return b'"' + name.replace(b'"', b'""') + b'"'
+
+
+def _query_message(text: bytes) -> bytes:
+    return b"Q" + (len(text) + 5).to_bytes(4, "big") + text + b"\x00"
+
+
+def _close_statement(name: bytes) -> bytes:
+    return b"C" + (len(name) + 6).to_bytes(4, "big") + b"S" + name + b"\x00"
+
+
+def _error(sqlstate: str, text: str) -> bytes:
+    return m.error_response(text, sqlstate, "ERROR")
+
+
+def _shown(name: bytes) -> str:
+    return name.decode("utf-8", "replace")
+
+
+# --- SQL-level PREPARE / EXECUTE / DEALLOCATE / DISCARD ----------------------------------
+
+# Only bytes that can start one of the four commands (or whitespace and comments before it)
+# send a Query down the slow path.
+_SQL_FIRST = frozenset(b"PpEeDd \t\r\n-/")
+_SQL_COMMAND = re.compile(
+    rb"(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)*(prepare|execute|deallocate|discard)\b", re.I | re.S
+)
+_SQL_NAME = re.compile(
+    rb'(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)+("(?:[^"]|"")+"|[A-Za-z_\x80-\xff][A-Za-z0-9_$\x80-\xff]*)',
+    re.S,
+)
+_SQL_END = re.compile(rb"(?:\s|;)*$")
+
+
+class SqlCommand:
+    """A simple Query that starts with PREPARE, EXECUTE, DEALLOCATE or DISCARD."""
+
+    __slots__ = ("verb", "name", "start", "end", "text", "stmt", "tags", "failed")
+
+    def __init__(self, verb: bytes, name: bytes, start: int, end: int, text: bytes) -> None:
+        self.verb = verb  # b"prepare", b"execute", b"deallocate" or b"discard"
+        self.name = name  # folded statement name; b"" for ALL
+        self.start = start  # where the name is in `text`, to rewrite it
+        self.end = end
+        self.text = text
+        self.stmt: Statement | None = None  # DEALLOCATE of a protocol-level statement
+        self.tags = 0  # CommandComplete messages seen
+        self.failed = False
+
+
+def parse_sql_command(text: bytes) -> SqlCommand | None:
+    """The command and statement name of a Query text, if it is one the pooler tracks."""
+    match = _SQL_COMMAND.match(text)
+    if match is None:
+        return None
+    verb = match.group(1).lower()
+    pos = match.end()
+    if verb == b"discard":
+        return SqlCommand(verb, b"", pos, pos, text)
+    name_match = _SQL_NAME.match(text, pos)
+    if name_match is None:
+        return None
+    raw = name_match.group(1)
+    if verb == b"deallocate" and raw.lower() == b"prepare":
+        following = _SQL_NAME.match(text, name_match.end())
+        if following is not None:
+            name_match = following
+            raw = following.group(1)
+    if raw.startswith(b'"'):
+        name = raw[1:-1].replace(b'""', b'"')
+    else:
+        name = raw.lower()
+        if verb == b"deallocate" and name == b"all":
+            name = b""
+    return SqlCommand(verb, name, name_match.start(1), name_match.end(1), text)
+
+
+class ServerStatements:
+    """One server's prepared statements and the requests outstanding on it."""
+
+    def __init__(self, registry: Registry, cap: int, stats: PoolStats | None = None) -> None:
+        self.registry = registry
+        self.cap = cap  # max_prepared_statements
+        self.stats = stats
+        self.lru: OrderedDict[Statement, int] = OrderedDict()  # -> epoch of last use
+        self.sql: OrderedDict[bytes, bytes] = OrderedDict()  # SQL-level name -> PREPARE text
+        self.queue: deque[Request] = deque()
+        # How the server's replies must be read: 0 on the hot path (the queue is empty or
+        # its head is a plain Sync or Query, done at the next ReadyForQuery), 1 one message
+        # at a time against the queue, 2 the same but a synthesised reply is at the head and
+        # must go to the client before the next server message.
+        self.tracking = 0
+        self.client: ClientStatements | None = None
+        self.epoch = 0  # bumped at each link: statements used in this link are not evicted
+        self.segment = 0  # Syncs queued so far
+        self.discarding = False  # dropping client messages up to the next Sync
+        self.blocked = False  # a WAIT was returned; the client waits for the queue to move
+        # Parses sent but not answered yet: Statement or client name -> segment.
+        self.unconfirmed: dict[Statement, int] = {}
+        self.unconfirmed_names: dict[bytes, int] = {}
+        self.to_client: list[bytes] = []  # synthesised replies ready to go out
+        self.replacement = b""  # the message to send for a REPLACE verdict
+
+    # --- link and release -----------------------------------------------------------------
+
+    def attach(self, client: ClientStatements) -> bytes:
+        """A client is linked: returns the hidden queries that give this server the client's
+        SQL-level statements (their replies are swallowed)."""
+        self.client = client
+        self.epoch += 1
+        if not client.sql:
+            return b""
+        out = []
+        for name, text in client.sql.items():
+            have = self.sql.get(name)
+            if have == text:
+                self.sql.move_to_end(name)
+                continue
+            if have is not None:
+                out.append(self._hidden(b"DEALLOCATE " + _quote_ident(name), name, None))
+            out.append(self._hidden(text, name, text))
+        while len(self.sql) > max(self.cap, len(client.sql)):
+            name = next(iter(self.sql))
+            if name in client.sql:
+                self.sql.move_to_end(name)
+                continue
+            out.append(self._hidden(b"DEALLOCATE " + _quote_ident(name), name, None))
+        return b"".join(out)
+
+    def detach(self) -> bool:
+        """The client leaves. False if requests are still queued (a bug: close the server)."""
+        self.client = None
+        self.discarding = False
+        self.blocked = False
+        self.unconfirmed.clear()
+        self.unconfirmed_names.clear()
+        self.to_client.clear()
+        if self.queue:
+            self.close()
+            return False
+        return True
+
+    def close(self) -> None:
+        """The server is gone: give back every reference it held."""
+        release = self.registry.release
+        for stmt in self.lru:
+            release(stmt)
+        self.lru.clear()
+        for request in self.queue:
+            if request[2] in (OP_EVICT, OP_CLOSE) and request[3] is not None:
+                release(request[3])
+        self.queue.clear()
+        self.tracking = 0
+        self.sql.clear()
+
+    # --- client messages ------------------------------------------------------------------
+
+    def from_client(self, kind: int, data: bytes, pos: int, end: int) -> bytes | Wait | None:
+        """One client message at data[pos:end]: None to send it unchanged, bytes to send
+        instead (b"" for nothing), or WAIT to hold it and everything after it for now.
+
+        Only Parse, Bind, Describe and Close (and Query, for the SQL-level commands) need
+        the whole message; for the others `end` may lie beyond the data."""
+        if self.discarding:
+            if kind != 83:  # S
+                return b""
+            self.discarding = False
+        if kind == 66:  # B
+            return self._bind(data, pos, end)
+        if kind == 69:  # E
+            self._push(_EXECUTE)
+            return None
+        if kind == 83:  # S
+            self._push(_SYNC)
+            self.segment += 1
+            return None
+        if kind == 80:  # P
+            return self._parse(data, pos, end)
+        if kind == 68:  # D
+            return self._describe(data, pos, end)
+        if kind == 67:  # C
+            return self._close(data, pos, end)
+        if kind == 81:  # Q
+            if data[pos + 5] in _SQL_FIRST:
+                return self._query(data, pos, end)
+            self._push(_READY)
+            return None
+        if kind == 70:  # F
+            self._push(_READY)
+        return None  # Flush, CopyData, CopyDone, CopyFail: no reply of their own
+
+    def _push(self, request: Request) -> None:
+        queue = self.queue
+        queue.append(request)
+        if len(queue) == 1:
+            self._retrack()
+
+    def _retrack(self) -> None:
+        queue = self.queue
+        if not queue:
+            self.tracking = 0
+            return
+        head = queue[0]
+        if head is _READY or head is _SYNC:
+            self.tracking = 0
+        elif head[0] == W_SYNTHETIC:
+            self.tracking = 2
+        else:
+            self.tracking = 1
+
+    def _fail(self, sqlstate: str, text: str) -> bytes:
+        """Answer the client's message with an error, as PostgreSQL would, and skip to Sync."""
+        self._push((W_SYNTHETIC, False, OP_NONE, None, None, self.segment, _error(sqlstate, text)))
+        self.discarding = True
+        return b""
+
+    def _parse(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
+        name_end = data.index(0, pos + 5, end)
+        if name_end == pos + 5:
+            self._push(_PARSE)
+            return None
+        name = data[pos + 5 : name_end]
+        client = self.client
+        assert client is not None
+        segment = self.segment
+        if name in client.names or name in client.sql:
+            if self.unconfirmed_names.get(name, segment) < segment:
+                self.blocked = True  # the first Parse may yet fail: then this one is fine
+                return WAIT
+            return self._fail(errors.DUPLICATE_PREPARED_STATEMENT,
+                              f'prepared statement "{_shown(name)}" already exists')
+        key = data[name_end + 1 : end]
+        registry = self.registry
+        stmt = registry.statements.get(key)
+        if stmt is not None and self.unconfirmed.get(stmt, segment) < segment:
+            self.blocked = True  # same body still being parsed: its outcome decides
+            return WAIT
+        if client.cap and len(client) >= client.cap:
+            return self._fail(
+                errors.PROGRAM_LIMIT_EXCEEDED,
+                f"too many prepared statements for this client "
+                f"(max_client_prepared_statements = {client.cap})",
+            )
+        stats = self.stats
+        if stats is not None:
+            stats.client_parse_count += 1
+        stmt = registry.acquire(key)
+        client.names[name] = stmt
+        self.unconfirmed_names[name] = segment
+        lru = self.lru
+        if stmt in lru:
+            lru.move_to_end(stmt)
+            lru[stmt] = self.epoch
+            if stats is not None:
+                stats.prepared_hits += 1
+            self._push((W_SYNTHETIC, False, OP_PARSE_HIT, stmt, name, segment, PARSE_COMPLETE))
+            return b""
+        if stats is not None:
+            stats.prepared_misses += 1
+            stats.server_parse_count += 1
+        out = self._make_room()
+        registry.hold(stmt)
+        lru[stmt] = self.epoch
+        self.unconfirmed[stmt] = segment
+        self._push((W_PARSE, False, OP_PARSE, stmt, name, segment, None))
+        return out + stmt.parse_message()
+
+    def _bind(self, data: bytes, pos: int, end: int) -> bytes | None:
+        portal_end = data.index(0, pos + 5, end)
+        name_end = data.index(0, portal_end + 1, end)
+        if name_end == portal_end + 1:
+            self._push(_BIND)
+            return None
+        name = data[portal_end + 1 : name_end]
+        client = self.client
+        assert client is not None
+        stmt = client.names.get(name)
+        if stmt is None:
+            if name in client.sql:
+                self._push(_BIND)
+                return None
+            return self._fail(errors.INVALID_SQL_STATEMENT_NAME,
+                              f'prepared statement "{_shown(name)}" does not exist')
+        lru = self.lru
+        if stmt in lru:
+            lru.move_to_end(stmt)
+            lru[stmt] = self.epoch
+            out = b""
+        else:
+            out = self._inject(stmt)
+        stats = self.stats
+        if stats is not None:
+            stats.bind_count += 1
+        self._push((W_BIND, False, OP_NAMED, stmt, name, 0, None))
+        server_name = stmt.name
+        size = end - pos - 1 - len(name) + len(server_name)
+        return b"".join((out, b"B", size.to_bytes(4, "big"), data[pos + 5 : portal_end + 1],
+                         server_name, data[name_end:end]))
+
+    def _describe(self, data: bytes, pos: int, end: int) -> bytes | None:
+        if data[pos + 5] != 83 or end - pos <= 7:  # a portal, or the unnamed statement
+            self._push(_DESCRIBE)
+            return None
+        name = data[pos + 6 : end - 1]
+        client = self.client
+        assert client is not None
+        stmt = client.names.get(name)
+        if stmt is None:
+            if name in client.sql:
+                self._push(_DESCRIBE)
+                return None
+            return self._fail(errors.INVALID_SQL_STATEMENT_NAME,
+                              f'prepared statement "{_shown(name)}" does not exist')
+        out = self._ensure(stmt)
+        self._push((W_DESCRIBE, False, OP_NAMED, stmt, name, 0, None))
+        server_name = stmt.name
+        return out + b"D" + (len(server_name) + 6).to_bytes(4, "big") + b"S" + server_name + b"\0"
+
+    def _close(self, data: bytes, pos: int, end: int) -> bytes | None:
+        if data[pos + 5] != 83 or end - pos <= 7:  # a portal, or the unnamed statement
+            self._push(_CLOSE)
+            return None
+        name = data[pos + 6 : end - 1]
+        client = self.client
+        assert client is not None
+        stmt = client.names.pop(name, None)
+        if stmt is not None:
+            self.unconfirmed_names.pop(name, None)
+            # The server keeps the plan for whoever parses the same body next; the queue
+            # entry holds the client's reference until the CloseComplete goes out.
+            self._push((W_SYNTHETIC, False, OP_CLOSE, stmt, name, self.segment, CLOSE_COMPLETE))
+            return b""
+        if name in client.sql:
+            del client.sql[name]
+            self.sql.pop(name, None)
+            self._push(_CLOSE)
+            return None
+        # Closing a statement that does not exist is no error in PostgreSQL either.
+        self._push((W_SYNTHETIC, False, OP_NONE, None, None, self.segment, CLOSE_COMPLETE))
+        return b""
+
+    def _query(self, data: bytes, pos: int, end: int) -> bytes | None:
+        command = parse_sql_command(data[pos + 5 : end - 1])
+        client = self.client
+        if command is None or client is None:
+            self._push(_READY)
+            return None
+        name = command.name
+        out = b""
+        message: bytes | None = None
+        request = _READY
+        if command.verb == b"prepare":
+            if name not in client.sql and name in self.sql:
+                out = self._hidden(b"DEALLOCATE " + _quote_ident(name), name, None)
+            request = (W_READY, False, OP_SQL, None, name, self.segment, command)
+        elif command.verb == b"discard" or not name:
+            pass  # DISCARD ..., DEALLOCATE ALL: the CommandComplete tag tells what happened
+        elif name in client.sql:
+            if command.verb == b"deallocate":
+                request = (W_READY, False, OP_SQL, None, name, self.segment, command)
+        elif name in client.names:
+            # SQL EXECUTE/DEALLOCATE of a protocol-level statement: use the server's name.
+            stmt = client.names[name]
+            out = self._ensure(stmt)
+            if out:
+                # A failed Parse would make the server skip the Query too, and the client
+                # would wait for its ReadyForQuery forever: end the Parse with a Sync.
+                self._push(_HIDDEN_SYNC)
+                self.segment += 1
+                out += m.sync()
+            text = command.text
+            message = _query_message(text[: command.start] + stmt.name + text[command.end :])
+            if command.verb == b"deallocate":
+                command.stmt = stmt
+                request = (W_READY, False, OP_SQL, stmt, name, self.segment, command)
+        elif name in self.sql:
+            # Another client's statement of that name: drop it so the client's query fails
+            # (or succeeds) as it would on a connection of its own.
+            out = self._hidden(b"DEALLOCATE " + _quote_ident(name), name, None)
+        self._push(request)
+        if message is None:
+            return out + data[pos:end] if out else None
+        return out + message
+
+    def _hidden(self, text: bytes, name: bytes, prepared: bytes | None) -> bytes:
+        """Queue a pooler-issued SQL-level PREPARE (`prepared` is its text) or DEALLOCATE."""
+        if prepared is None:
+            self.sql.pop(name, None)
+        else:
+            self.sql[name] = prepared
+        self._push((W_READY, True, OP_HIDDEN, None, name, self.segment, prepared))
+        return _query_message(text)
+
+    def _ensure(self, stmt: Statement) -> bytes:
+        """What to send first so the server has `stmt` (b"" if it has it already)."""
+        lru = self.lru
+        if stmt in lru:
+            lru.move_to_end(stmt)
+            lru[stmt] = self.epoch
+            return b""
+        return self._inject(stmt)
+
+    def _inject(self, stmt: Statement) -> bytes:
+        stats = self.stats
+        if stats is not None:
+            stats.prepared_misses += 1
+            stats.server_parse_count += 1
+        out = self._make_room()
+        self.registry.hold(stmt)
+        self.lru[stmt] = self.epoch
+        self.unconfirmed[stmt] = self.segment
+        self._push((W_PARSE, True, OP_INJECT, stmt, None, self.segment, None))
+        return out + stmt.parse_message()
+
+    def _make_room(self) -> bytes:
+        """Close least recently used statements until one more fits."""
+        lru = self.lru
+        out = b""
+        while len(lru) >= self.cap > 0:
+            stmt, used = next(iter(lru.items()))
+            if used == self.epoch:
+                break  # all used by this link's transaction: exceed the cap until the next
+            del lru[stmt]
+            if self.stats is not None:
+                self.stats.prepared_evictions += 1
+            # The queue entry owns the LRU's reference until the CloseComplete arrives.
+            self._push((W_CLOSE, True, OP_EVICT, stmt, None, self.segment, None))
+            out += _close_statement(stmt.name)
+        return out
+
+    # --- server replies -------------------------------------------------------------------
+
+    def reply(self, kind: int, body: bytes) -> int:
+        """A whole server message while `tracking`; `body` is given for CommandComplete,
+        ErrorResponse and ReadyForQuery. Returns the verdict; synthesised replies that must
+        follow it are left in `to_client`."""
+        queue = self.queue
+        if not queue:
+            return READY if kind == 90 else FORWARD
+        head = queue[0]
+        wait = head[0]
+        if wait >= W_SYNC:
+            if kind == 90:  # Z
+                queue.popleft()
+                if head[2]:
+                    self._settle(head, True)
+                self._advance()
+                return SWALLOW if head[1] else READY
+            if kind == 67:  # C
+                if head[2] == OP_SQL:
+                    head[6].tags += 1
+                self._command_tag(body)
+            elif kind == 69:  # E
+                if head[2] == OP_SQL:
+                    head[6].failed = True
+                elif head[2] == OP_HIDDEN:
+                    self._settle(head, False)
+                    fields = m.parse_error_fields(body)
+                    log.warning("pooler-issued statement failed: %s %s", fields.get("C"),
+                                fields.get("M"))
+            return SWALLOW if head[1] else FORWARD
+        assert wait != W_SYNTHETIC, "emit_synthetic() comes first while tracking == 2"
+        if kind == 69:  # E: the head failed, the server skips to the next Sync
+            verdict = FORWARD
+            if head[2] == OP_NAMED:
+                verdict = self._rename_error(body, head)
+            self._skip_to_sync()
+            return verdict
+        if _COMPLETES[kind] == wait:
+            queue.popleft()
+            if head[2]:
+                self._settle(head, True)
+            if kind == 67:
+                self._command_tag(body)
+            self._advance()
+            return SWALLOW if head[1] else FORWARD
+        return FORWARD  # DataRow, ParameterDescription, NoticeResponse, Copy*, ...
+
+    def pop_ready(self) -> None:
+        """A ReadyForQuery went by on the hot path: its request (a plain Sync or Query at the
+        head) is done."""
+        self.queue.popleft()
+        self._advance()
+
+    def emit_synthetic(self) -> bytes:
+        """Answer the requests at the head that the pooler answers itself."""
+        queue = self.queue
+        out = []
+        while queue and queue[0][0] == W_SYNTHETIC:
+            request = queue.popleft()
+            out.append(request[6])
+            if request[2]:
+                self._settle(request, True)
+        self._retrack()
+        return b"".join(out)
+
+    def command_tag(self, body: bytes) -> None:
+        """A CommandComplete seen on the hot path (the glue calls this for tags with 'D')."""
+        self._command_tag(body)
+
+    def _advance(self) -> None:
+        queue = self.queue
+        if queue and queue[0][0] == W_SYNTHETIC:
+            self.to_client.append(self.emit_synthetic())
+        else:
+            self._retrack()
+
+    def _skip_to_sync(self) -> None:
+        queue = self.queue
+        skipped = []
+        while queue and queue[0][0] != W_SYNC:
+            skipped.append(queue.popleft())
+        if not queue:
+            self.discarding = True  # the client's Sync is still to come
+        for request in reversed(skipped):
+            if request[2]:
+                self._settle(request, False)
+        self._retrack()
+
+    def _rename_error(self, body: bytes, request: Request) -> int:
+        """A Bind or Describe failed naming our statement: name the client's instead."""
+        stmt, name = request[3], request[4]
+        assert stmt is not None and name is not None
+        ours = b'"' + stmt.name + b'"'
+        if ours not in body:
+            return FORWARD
+        body = body.replace(ours, b'"' + name + b'"')
+        self.replacement = b"E" + (len(body) + 4).to_bytes(4, "big") + body
+        return REPLACE
+
+    def _settle(self, request: Request, ok: bool) -> None:
+        op = request[2]
+        stmt = request[3]
+        name = request[4]
+        if op == OP_PARSE or op == OP_INJECT or op == OP_PARSE_HIT:
+            assert stmt is not None
+            segment = request[5]
+            if self.unconfirmed.get(stmt) == segment and op != OP_PARSE_HIT:
+                del self.unconfirmed[stmt]
+            if name is not None and self.unconfirmed_names.get(name) == segment:
+                del self.unconfirmed_names[name]
+            if ok:
+                if op != OP_PARSE_HIT and stmt not in self.lru:
+                    # Forgotten meanwhile (an earlier Parse of it failed): it exists now.
+                    self.registry.hold(stmt)
+                    self.lru[stmt] = self.epoch
+                return
+            if op != OP_PARSE_HIT:
+                self._forget_server(stmt)
+            if name is not None:
+                self._forget_client(name, stmt)
+        elif op == OP_EVICT:
+            assert stmt is not None
+            if ok or stmt in self.lru:
+                self.registry.release(stmt)
+            else:
+                self.lru[stmt] = 0
+                self.lru.move_to_end(stmt, last=False)
+        elif op == OP_CLOSE:
+            assert stmt is not None and name is not None
+            client = self.client
+            if ok or client is None or name in client.names:
+                self.registry.release(stmt)
+            else:
+                client.names[name] = stmt
+        elif op == OP_SQL:
+            if ok:
+                self._sql_done(request)
+        elif op == OP_HIDDEN:
+            if not ok and name is not None and request[6] is not None:
+                self.sql.pop(name, None)
+
+    def _sql_done(self, request: Request) -> None:
+        """A client's PREPARE or DEALLOCATE query completed: apply it if it succeeded."""
+        command: SqlCommand = request[6]
+        client = self.client
+        if command.failed or command.tags != 1 or client is None:
+            return  # failed, or several statements in one query: not ours to replay
+        name = command.name
+        if command.verb == b"prepare":
+            client.sql[name] = command.text
+            self.sql[name] = command.text
+        elif command.stmt is not None:  # DEALLOCATE of a protocol-level statement
+            self._forget_client(name, command.stmt)
+            self._forget_server(command.stmt)
+        else:
+            client.sql.pop(name, None)
+            self.sql.pop(name, None)
+
+    def _forget_server(self, stmt: Statement) -> None:
+        if stmt in self.lru:
+            del self.lru[stmt]
+            self.registry.release(stmt)
+
+    def _forget_client(self, name: bytes, stmt: Statement) -> None:
+        client = self.client
+        if client is not None and client.names.get(name) is stmt:
+            del client.names[name]
+            self.registry.release(stmt)
+
+    def _command_tag(self, body: bytes) -> None:
+        if body[:1] != b"D":
+            return
+        if body.startswith(b"DEALLOCATE ALL") or body.startswith(b"DISCARD ALL"):
+            self.clear()
+
+    def clear(self) -> None:
+        """The server dropped every prepared statement (DEALLOCATE ALL, DISCARD ALL): so did
+        the linked client. Parses still queued behind it will exist again."""
+        release = self.registry.release
+        for stmt in self.lru:
+            release(stmt)
+        self.lru.clear()
+        self.sql.clear()
+        self.unconfirmed.clear()
+        client = self.client
+        if client is not None:
+            for stmt in client.names.values():
+                release(stmt)
+            client.names.clear()
+            client.sql.clear()
+        for request in self.queue:
+            op, queued, name = request[2], request[3], request[4]
+            if queued is None or op not in (OP_PARSE, OP_PARSE_HIT, OP_INJECT):
+                continue
+            if op != OP_PARSE_HIT and queued not in self.lru:
+                self.registry.hold(queued)
+                self.lru[queued] = self.epoch
+            if client is not None and name is not None and name not in client.names:
+                self.registry.hold(queued)
+                client.names[name] = queued
+
+
+def totals(clients: Any, servers: Any) -> dict[str, int]:
+    """Statement counts for reporting: objects with a `statements` attribute each."""
+    client_total = sum(len(c.statements) for c in clients if c.statements is not None)
+    server_total = sum(len(s.statements.lru) for s in servers if s.statements is not None)
+    return {"client_statements": client_total, "server_statements": server_total}
