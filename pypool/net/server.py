@@ -130,7 +130,7 @@ class ServerConnection(asyncio.Protocol):
         self.set_state(ServerState.LOGIN)
         params = {"user": self.credentials.user, "database": self.dbname}
         params.update(self.startup_params)
-        transport.write(m.startup_message(params))
+        self.transport.write(m.startup_message(params))  # type: ignore[union-attr]
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.state is ServerState.CLOSED:
