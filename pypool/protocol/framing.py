@@ -54,17 +54,16 @@ class MessageBuffer:
         return rest
 
     def messages(self) -> Iterator[tuple[int, bytes]]:
+        # Each message leaves the buffer before it is yielded, so a consumer that stops
+        # half-way (a login that ends) can take_rest() without getting consumed bytes again.
+        # Deleting from the front of a bytearray is amortised O(1) in CPython.
         buf = self._buffer
-        pos = 0
-        try:
-            while len(buf) - pos >= HEADER_SIZE:
-                kind, size = header_at(buf, pos)
-                if size > self.max_size:
-                    raise FramingError(f"message of {size} bytes exceeds max_packet_size")
-                if len(buf) - pos < size:
-                    break
-                body = bytes(buf[pos + HEADER_SIZE : pos + size])
-                pos += size
-                yield kind, body
-        finally:
-            del buf[:pos]
+        while len(buf) >= HEADER_SIZE:
+            kind, size = header_at(buf, 0)
+            if size > self.max_size:
+                raise FramingError(f"message of {size} bytes exceeds max_packet_size")
+            if len(buf) < size:
+                break
+            body = bytes(buf[HEADER_SIZE:size])
+            del buf[:size]
+            yield kind, body

@@ -1,0 +1,164 @@
+"""Session parameters in transaction mode, against a real PostgreSQL: clients that share
+one server each keep the client_encoding, DateStyle, TimeZone, IntervalStyle,
+standard_conforming_strings and application_name they asked for (in the startup packet or
+with SET), on every transaction, whoever used the server before (COMPAT.md).
+
+Pools of size 1, with pg_backend_pid() checked, make sure the clients really share.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+import psycopg
+import pytest
+
+pytestmark = pytest.mark.timeout(30)
+
+CONNECT_TIMEOUT = 5
+SETTINGS_SQL = (
+    "SELECT current_setting('DateStyle'), current_setting('IntervalStyle'),"
+    " current_setting('TimeZone'), current_setting('application_name'),"
+    " current_setting('standard_conforming_strings'), pg_backend_pid()"
+)
+
+
+def connect(dsn: str, **kwargs: object) -> psycopg.Connection:
+    return psycopg.connect(
+        dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, prepare_threshold=None, **kwargs
+    )
+
+
+def server_defaults(postgres) -> tuple[str, str, str]:
+    """DateStyle, IntervalStyle and TimeZone a plain connection to db app gets."""
+    with psycopg.connect(postgres.dsn("app", "app", "app-secret")) as conn:
+        row = conn.execute(
+            "SELECT current_setting('DateStyle'), current_setting('IntervalStyle'),"
+            " current_setting('TimeZone')"
+        ).fetchone()
+        assert row is not None
+        return row[0], row[1], row[2]
+
+
+def test_set_timezone_does_not_leak_to_the_next_client(postgres, pooler) -> None:
+    _, _, default_tz = server_defaults(postgres)
+    assert default_tz != "Asia/Tokyo"
+    p = pooler(ini_overrides={"default_pool_size": "1"})
+    with connect(p.dsn()) as a, connect(p.dsn()) as b:
+        a.execute("SET TimeZone = 'Asia/Tokyo'")
+        ts = "SELECT '2024-01-01 00:00:00+00'::timestamptz::text, pg_backend_pid()"
+        for _ in range(3):
+            text_a, pid_a = a.execute(ts).fetchone()
+            text_b, pid_b = b.execute(ts).fetchone()
+            assert pid_a == pid_b  # one server, taking turns
+            assert text_a == "2024-01-01 09:00:00+09"
+            assert b.execute("SHOW TimeZone").fetchone()[0] == default_tz
+            assert a.execute("SHOW TimeZone").fetchone()[0] == "Asia/Tokyo"
+        assert a.info.parameter_status("TimeZone") == "Asia/Tokyo"
+        assert b.info.parameter_status("TimeZone") == default_tz
+
+
+async def test_startup_parameters_are_honoured_on_every_transaction(postgres, pooler) -> None:
+    datestyle, intervalstyle, tz = server_defaults(postgres)
+    p = pooler(ini_overrides={"default_pool_size": "1"})
+    a = await asyncpg.connect(
+        p.dsn(), statement_cache_size=0, timeout=CONNECT_TIMEOUT,
+        server_settings={
+            "DateStyle": "German, DMY",
+            "IntervalStyle": "sql_standard",
+            "TimeZone": "Asia/Tokyo",
+            "application_name": "client-a",
+        },
+    )
+    b = await psycopg.AsyncConnection.connect(
+        p.dsn(), autocommit=True, connect_timeout=CONNECT_TIMEOUT, application_name="client-b",
+        prepare_threshold=None,
+    )
+    try:
+        for _ in range(3):
+            row_a = await a.fetchrow(SETTINGS_SQL)
+            cur = await b.execute(SETTINGS_SQL)
+            row_b = await cur.fetchone()
+            assert row_a is not None and row_b is not None
+            assert row_a[5] == row_b[5]  # the same server
+            assert tuple(row_a[:5]) == ("German, DMY", "sql_standard", "Asia/Tokyo",
+                                        "client-a", "on")
+            assert tuple(row_b[:5]) == (datestyle, intervalstyle, tz, "client-b", "on")
+            # ... and the values act, not just show.
+            assert await a.fetchval("SELECT '2024-01-02'::date::text") == "02.01.2024"
+            assert await a.fetchval("SELECT interval '1 day 2 hours'::text") == "1 2:00:00"
+            cur = await b.execute("SELECT '2024-01-02'::date::text")
+            assert (await cur.fetchone()) == ("2024-01-02",)
+    finally:
+        await a.close()
+        await b.close()
+
+
+def test_application_name_is_visible_in_pg_stat_activity(postgres, pooler) -> None:
+    p = pooler(ini_overrides={"default_pool_size": "1"})
+    with connect(p.dsn(), application_name="first-app") as a:
+        a.execute("SELECT 1")
+        with connect(p.dsn(), application_name="second-app") as b:
+            b.execute("BEGIN")
+            pid = b.execute("SELECT pg_backend_pid()").fetchone()[0]
+            rows = postgres.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE pid = %s", params=(pid,)
+            )
+            assert rows == [("second-app",)]
+            b.execute("COMMIT")
+        a.execute("BEGIN")
+        assert a.execute("SELECT pg_backend_pid()").fetchone()[0] == pid
+        rows = postgres.execute(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = %s", params=(pid,)
+        )
+        assert rows == [("first-app",)]
+        a.execute("COMMIT")
+
+
+def test_standard_conforming_strings_per_client(pooler) -> None:
+    p = pooler(ini_overrides={"default_pool_size": "1"})
+    with connect(p.dsn()) as a, connect(p.dsn()) as b:
+        a.execute("SET standard_conforming_strings = off")
+        for _ in range(2):
+            assert b.execute("SHOW standard_conforming_strings").fetchone()[0] == "on"
+            assert a.execute("SHOW standard_conforming_strings").fetchone()[0] == "off"
+            # With it off, a backslash in a plain literal is an escape.
+            assert a.execute("SELECT length('a\\\\b')").fetchone()[0] == 3
+            assert b.execute("SELECT length('a\\\\b')").fetchone()[0] == 4
+
+
+def test_set_local_and_rolled_back_set_do_not_stick(postgres, pooler) -> None:
+    _, _, default_tz = server_defaults(postgres)
+    p = pooler(ini_overrides={"default_pool_size": "1"})
+    with connect(p.dsn()) as a, connect(p.dsn()) as b:
+        a.execute("BEGIN")
+        a.execute("SET LOCAL TimeZone = 'Asia/Tokyo'")
+        assert a.execute("SHOW TimeZone").fetchone()[0] == "Asia/Tokyo"
+        a.execute("COMMIT")
+        a.execute("BEGIN")
+        a.execute("SET TimeZone = 'America/New_York'")
+        a.execute("ROLLBACK")
+        assert b.execute("SHOW TimeZone").fetchone()[0] == default_tz
+        assert a.execute("SHOW TimeZone").fetchone()[0] == default_tz
+        a.execute("SET TimeZone = 'Europe/Paris'")
+        assert b.execute("SHOW TimeZone").fetchone()[0] == default_tz
+        assert a.execute("SHOW TimeZone").fetchone()[0] == "Europe/Paris"
+
+
+def test_client_encoding_per_client(pooler) -> None:
+    p = pooler(ini_overrides={"default_pool_size": "1"})
+    with connect(p.dsn()) as a, connect(p.dsn(), client_encoding="LATIN1") as b:
+        for _ in range(2):
+            assert b.execute("SHOW client_encoding").fetchone()[0] == "LATIN1"
+            assert a.execute("SHOW client_encoding").fetchone()[0] == "UTF8"
+            assert b.execute("SELECT 'café'").fetchone()[0] == "café"
+            assert a.execute("SELECT 'café'").fetchone()[0] == "café"
+
+
+def test_unsupported_startup_parameter(pooler) -> None:
+    p = pooler()
+    with pytest.raises(psycopg.OperationalError) as info:
+        connect(p.dsn(), options="-c geqo=off")
+    assert "unsupported startup parameter: options" in str(info.value)
+    p2 = pooler(ini_overrides={"ignore_startup_parameters": "options, extra_float_digits"})
+    with connect(p2.dsn(), options="-c geqo=off") as conn:
+        assert conn.execute("SELECT 1").fetchone()[0] == 1

@@ -1,0 +1,204 @@
+"""Signals, as PgBouncer reads them (COMPAT.md): SIGHUP reloads, SIGINT drains transactions
+and exits, SIGTERM drains clients and exits, SIGQUIT exits now, SIGUSR1/SIGUSR2 pause and
+resume. Checked from outside, on the `python -m pypool` process itself."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+
+from pypool.embedded import EmbeddedPostgres
+
+pytestmark = pytest.mark.timeout(40)
+
+CONNECT_TIMEOUT = 5
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+
+
+def connect(dsn: str) -> psycopg.Connection:
+    return psycopg.connect(
+        dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, prepare_threshold=None
+    )
+
+
+def refuses_connections(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return False
+    except OSError:
+        return True
+
+
+@pytest.fixture
+def app_table(postgres: EmbeddedPostgres) -> Iterator[str]:
+    name = f"t_signals_{time.monotonic_ns()}"
+    with psycopg.connect(postgres.dsn("app", "app", "app-secret"), autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (x int)")
+    yield name
+    with psycopg.connect(postgres.dsn("app", "app", "app-secret"), autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def rows_in(postgres: EmbeddedPostgres, table: str) -> int:
+    rows = postgres.execute(f"SELECT count(*) FROM {table}", dbname="app")
+    assert rows is not None
+    return int(rows[0][0])
+
+
+async def max_servers_under_load(postgres: EmbeddedPostgres, dsn: str, clients: int) -> int:
+    """Run `clients` concurrent sleepers; the most app servers pg_stat_activity showed."""
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        with psycopg.connect(postgres.dsn(), autocommit=True) as conn:
+            while not done.is_set():
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = 'app'"
+                    " AND usename = 'app' AND backend_type = 'client backend'"
+                ).fetchone()
+                assert row is not None
+                peak = max(peak, int(row[0]))
+                time.sleep(0.01)
+
+    async def one(i: int) -> int:
+        async with await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, prepare_threshold=None
+        ) as conn:
+            cur = await conn.execute("SELECT %s::int, pg_sleep(0.2)", (i,))
+            row = await cur.fetchone()
+            assert row is not None
+            return int(row[0])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        got = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(clients))), 20)
+    finally:
+        done.set()
+        sampler.join(5)
+    assert got == list(range(clients))
+    return peak
+
+
+async def test_sighup_reloads_pool_size(postgres, pooler, pg_activity) -> None:
+    p = pooler(ini_overrides={"default_pool_size": "2"})
+    assert await max_servers_under_load(postgres, p.dsn(), 6) == 2
+    p.rewrite_config(ini_overrides={"default_pool_size": "4"})
+    p.reload()
+    await asyncio.sleep(0.3)
+    assert await max_servers_under_load(postgres, p.dsn(), 8) in (3, 4)
+    # A broken config is refused and the old one stays.
+    p.rewrite_config(ini_overrides={"pool_mode": "no-such-mode"})
+    p.reload()
+    await asyncio.sleep(0.3)
+    assert p.proc.poll() is None
+    assert await max_servers_under_load(postgres, p.dsn(), 8) in (3, 4)
+
+
+def test_sigint_lets_transactions_finish_then_exits(postgres, pooler, app_table) -> None:
+    p = pooler()
+    idle = connect(p.dsn())
+    in_tx = connect(p.dsn())
+    try:
+        idle.execute("SELECT 1")
+        in_tx.execute("BEGIN")
+        in_tx.execute(f"INSERT INTO {app_table} VALUES (1)")
+        p.proc.send_signal(signal.SIGINT)
+        assert wait_for(lambda: refuses_connections(p.host, p.port), 3)
+        # The client with a transaction finishes it.
+        in_tx.execute(f"INSERT INTO {app_table} VALUES (2)")
+        assert p.proc.poll() is None
+        in_tx.execute("COMMIT")
+        p.proc.wait(5)
+        assert p.proc.returncode == 0
+        # A client without a transaction was told and let go.
+        with pytest.raises(psycopg.OperationalError) as info:
+            idle.execute("SELECT 1")
+        assert "pooler is shutting down" in str(info.value)
+    finally:
+        idle.close()
+        in_tx.close()
+    assert rows_in(postgres, app_table) == 2
+
+
+def test_sigterm_waits_for_clients_then_exits(pooler) -> None:
+    p = pooler()
+    conn = connect(p.dsn())
+    try:
+        assert conn.execute("SELECT 1").fetchone()[0] == 1
+        p.proc.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: refuses_connections(p.host, p.port), 3)
+        time.sleep(0.5)
+        assert p.proc.poll() is None  # still serving its client
+        for i in range(3):
+            assert conn.execute("SELECT %s::int", (i,)).fetchone()[0] == i
+        conn.execute("BEGIN")
+        conn.execute("SELECT 1")
+        conn.execute("COMMIT")
+        assert p.proc.poll() is None
+    finally:
+        conn.close()
+    p.proc.wait(5)
+    assert p.proc.returncode == 0
+
+
+def test_sigquit_exits_at_once(postgres, pooler, app_table) -> None:
+    p = pooler()
+    conn = connect(p.dsn())
+    try:
+        conn.execute("BEGIN")
+        conn.execute(f"INSERT INTO {app_table} VALUES (1)")
+        start = time.monotonic()
+        p.proc.send_signal(signal.SIGQUIT)
+        p.proc.wait(5)
+        assert time.monotonic() - start < 3
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("COMMIT")
+    finally:
+        conn.close()
+    # The open transaction died with its server connection.
+    assert rows_in(postgres, app_table) == 0
+
+
+def test_sigusr1_pauses_sigusr2_resumes(pooler) -> None:
+    p = pooler()
+    with connect(p.dsn()) as conn:
+        assert conn.execute("SELECT 1").fetchone()[0] == 1
+        p.proc.send_signal(signal.SIGUSR1)
+        time.sleep(0.3)
+        result: list[object] = []
+
+        def query() -> None:
+            try:
+                result.append(conn.execute("SELECT 'after resume'").fetchone()[0])
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                result.append(exc)
+
+        t = threading.Thread(target=query, daemon=True)
+        t.start()
+        t.join(1.0)
+        assert t.is_alive() and not result, "a query ran while the pooler was paused"
+        resumed = time.monotonic()
+        p.proc.send_signal(signal.SIGUSR2)
+        t.join(5)
+        assert result == ["after resume"]
+        assert time.monotonic() - resumed < 3
+        assert conn.execute("SELECT 2").fetchone()[0] == 2
