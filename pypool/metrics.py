@@ -278,8 +278,14 @@ async def serve_metrics(pooler: Pooler, addrs: str, port: int) -> list[asyncio.A
 
     servers: list[asyncio.AbstractServer] = []
     for host in _hosts(addrs):
-        servers.append(await asyncio.start_server(handle, host, port))
-    log.info("metrics on http://%s:%d/metrics", addrs, port)
+        try:
+            servers.append(await asyncio.start_server(handle, host, port))
+        except OSError as exc:
+            # Metrics are not worth refusing to pool over (with workers > 1, the first
+            # worker to bind the port serves its own numbers).
+            log.error("metrics: cannot listen on %s:%d: %s", host or "*", port, exc.strerror)
+    if servers:
+        log.info("metrics on http://%s:%d/metrics", addrs, port)
     return servers
 
 

@@ -64,7 +64,9 @@ class Pooler:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.loop = asyncio.get_running_loop()
-        self.now = self.loop.time
+        # Not loop.time: uvloop's is cached per iteration at millisecond resolution, which
+        # would round every transaction, query and wait time (SHOW STATS, histograms) to ms.
+        self.now = time.monotonic
         self.start_time = time.time()
         self.pools: dict[tuple[str, str], Pool] = {}
         self.clients: set[ClientConnection] = set()
@@ -106,6 +108,12 @@ class Pooler:
 
     async def start(self) -> None:
         cfg = self.settings.pooler
+        if cfg.metrics_port:  # first, so it is up by the time clients can connect
+            from ..metrics import serve_metrics
+
+            self.metrics_servers = await serve_metrics(
+                self, cfg.metrics_addr or cfg.listen_addr, cfg.metrics_port
+            )
         hosts = [h.strip() for h in cfg.listen_addr.split(",") if h.strip()]
         hosts = [None if h == "*" else h for h in hosts]  # type: ignore[misc]
         for host in hosts:
@@ -118,12 +126,6 @@ class Pooler:
             )
             self.listeners.append(server)
         log.info("listening on %s:%d", cfg.listen_addr, cfg.listen_port)
-        if cfg.metrics_port:
-            from ..metrics import serve_metrics
-
-            self.metrics_servers = await serve_metrics(
-                self, cfg.metrics_addr or cfg.listen_addr, cfg.metrics_port
-            )
         self._janitor = self.loop.create_task(self._janitor_loop())
         self._spawn(self._stats_loop())
         for pool_key in self._min_pool_keys():
