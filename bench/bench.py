@@ -17,7 +17,6 @@ import os
 import platform
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -82,18 +81,6 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def free_port(start: int) -> int:
-    """The first port from ``start`` (below the ephemeral range) that 127.0.0.1 can bind."""
-    for port in range(start, 32000):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise SystemExit(f"no free port between {start} and 32000")
-
-
 def machine() -> str:
     meminfo = Path("/proc/meminfo").read_text().split("\n", 1)[0].split()
     model = next(
@@ -104,9 +91,10 @@ def machine() -> str:
         ),
         platform.processor() or "unknown CPU",
     )
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     return (
         f"{os.cpu_count()} CPUs ({model}), {int(meminfo[1]) / 1024**2:.1f} GiB RAM, "
-        f"Linux {platform.release()}"
+        f"Linux {platform.release()}; load average before the run {load}"
     )
 
 
@@ -215,6 +203,7 @@ def main() -> None:
         )
     has_prepared = bool(pgbouncer_version and pgbouncer_version >= pgbouncer_build.MIN_VERSION)
 
+    host = machine()  # before the run, for its load average
     stamp = datetime.datetime.now(datetime.UTC)
     rawdir = RESULTS / "raw" / stamp.strftime("%Y%m%dT%H%M%SZ")
     rawdir.mkdir(parents=True)
@@ -223,7 +212,7 @@ def main() -> None:
     cluster = pg_cluster.Cluster(
         bindir=pg_cluster.newest_bindir(),
         workdir=workdir,
-        port=free_port(15432),
+        port=poolers.free_port(),
         user="bench",
         password="bench-password",
         dbname="bench",
@@ -238,13 +227,7 @@ def main() -> None:
         cluster.create()
         cluster.load_pgbench(PGBENCH_SCALE)
         targets = poolers.make_targets(
-            args.poolers,
-            args.workers,
-            cluster,
-            workdir,
-            free_port(cluster.port + 1000),
-            pgbouncer_binary,
-            has_prepared,
+            args.poolers, args.workers, cluster, workdir, pgbouncer_binary, has_prepared
         )
         ctx = scenarios.Context(cluster, workdir, rawdir, args.duration)
         runs = run_all(args, selected, targets, ctx)
@@ -262,7 +245,7 @@ def main() -> None:
     order = ", ".join(names)
     meta = {
         "date": stamp.strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine(),
+        "machine": host,
         "versions": {
             "PostgreSQL": cluster.version(),
             "PgBouncer": pgbouncer_build.version_text(pgbouncer_version),

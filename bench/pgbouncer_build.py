@@ -116,6 +116,6 @@ def resolve(cache: Path) -> tuple[Path, tuple[int, ...] | None, str]:
             f"WARNING: falling back to {OS_BINARY} {version_text(os_version)}, which has no "
             "max_prepared_statements: the -M prepared scenario will fail through it."
         )
-        return OS_BINARY, os_version, f"OS package (build failed, see {log})"
+        return OS_BINARY, os_version, f"OS package; the build failed, see {log}"
     version = binary_version(binary)
     return binary, version, f"built from Debian {SOURCE_SUITE} source; {os_text}"

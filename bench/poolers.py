@@ -1,18 +1,21 @@
 """The systems under test: pypool and PgBouncer started from one pgbouncer.ini, and direct
 PostgreSQL as the physical reference.
 
-Both poolers get the same ini (same listen port: they never run at the same time, each
-run starts a fresh pooler process and stops it afterwards). pypool's copy differs only
-where it must: ``workers = N`` for ``--workers``, and ``max_prepared_statements`` when
-the PgBouncer in use is too old to accept that key.
+Both poolers get the same ini. pypool's copy differs only where it must: ``workers = N``
+for ``--workers``, and ``max_prepared_statements`` when the PgBouncer in use is too old to
+accept that key. Each run starts a fresh pooler process and stops it afterwards; the ini
+is written just before the start with a port that is free at that moment, as other
+programs on the machine may take a port while no pooler holds it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +29,20 @@ import procstats
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_POOL_SIZE = 20
 MAX_PREPARED_STATEMENTS = 200
+PORT_RANGE = (15000, 32000)  # below the kernel's ephemeral ports (32768 and up)
+
+
+def free_port() -> int:
+    """A random port in PORT_RANGE that 127.0.0.1 can bind right now."""
+    for _ in range(200):
+        port = random.randrange(*PORT_RANGE)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise SystemExit(f"no free port found in {PORT_RANGE}")
 
 
 class PoolerError(Exception):
@@ -38,7 +55,9 @@ class Target:
 
     name: str
     kind: str  # "pypool", "pgbouncer" or "direct"
-    port: int
+    port: int  # a pooler's is chosen anew at each start
+    ini: Path | None = None
+    settings: dict[str, object] = field(default_factory=dict)  # the ini's [pgbouncer] section
     command: list[str] = field(default_factory=list)
     popen_kwargs: dict = field(default_factory=dict)
     logfile: Path | None = None
@@ -50,10 +69,21 @@ class Target:
         return self.process.pid if self.process else None
 
     def start(self, cluster: pg_cluster.Cluster, timeout: float = 30.0) -> None:
-        """Start the pooler and wait until a login and ``SELECT 1`` through it succeed."""
+        """Start the pooler and wait until a login and ``SELECT 1`` through it succeed.
+
+        A failed start is tried once more on another port before it counts.
+        """
         if self.kind == "direct":
             return
-        assert self.logfile is not None
+        try:
+            self._start(cluster, timeout)
+        except PoolerError:
+            self._start(cluster, timeout)
+
+    def _start(self, cluster: pg_cluster.Cluster, timeout: float) -> None:
+        assert self.ini is not None and self.logfile is not None
+        self.port = free_port()
+        self.ini.write_text(ini_text(dict(self.settings, listen_port=self.port), cluster))
         with open(self.logfile, "a") as log:
             log.write(f"=== {time.strftime('%H:%M:%S')} {' '.join(self.command)}\n")
             log.flush()
@@ -141,16 +171,17 @@ def make_targets(
     workers: list[int],
     cluster: pg_cluster.Cluster,
     workdir: Path,
-    listen_port: int,
     pgbouncer_binary: Path,
     pgbouncer_has_prepared: bool,
 ) -> list[Target]:
-    """Write the ini files and return the targets in the order they are to alternate."""
+    """Write the auth_file and return the targets in the order they are to alternate."""
     userlist = workdir / "userlist.txt"
     userlist.write_text(f'"{cluster.user}" "{cluster.scram_secret()}"\n')
+    userlist.chmod(0o600)
+    if os.geteuid() == 0:  # PgBouncer refuses to run as root and runs as postgres
+        shutil.chown(userlist, "postgres", "postgres")
     settings: dict[str, object] = {
         "listen_addr": "127.0.0.1",
-        "listen_port": listen_port,
         "unix_socket_dir": "",
         "auth_type": "scram-sha-256",
         "auth_file": userlist,
@@ -163,23 +194,21 @@ def make_targets(
     }
     if pgbouncer_has_prepared:
         settings["max_prepared_statements"] = MAX_PREPARED_STATEMENTS
-    pgbouncer_ini = workdir / "pgbouncer.ini"
-    pgbouncer_ini.write_text(ini_text(settings, cluster))
-    if os.geteuid() == 0:  # PgBouncer refuses to run as root
-        for path in (userlist, pgbouncer_ini):
-            shutil.chown(path, "postgres", "postgres")
 
     targets = []
     for name in names:
         if name == "direct":
             targets.append(Target("direct", "direct", cluster.port))
         elif name == "pgbouncer":
+            ini = workdir / "pgbouncer.ini"
             targets.append(
                 Target(
                     "pgbouncer",
                     "pgbouncer",
-                    listen_port,
-                    command=[str(pgbouncer_binary), str(pgbouncer_ini)],
+                    0,
+                    ini=ini,
+                    settings=settings,
+                    command=[str(pgbouncer_binary), str(ini)],
                     popen_kwargs=dict(cwd=workdir, **pg_cluster.owner_kwargs()),
                     logfile=workdir / "pgbouncer.log",
                 )
@@ -191,13 +220,14 @@ def make_targets(
                 if count is not None:
                     extra["workers"] = count
                 ini = workdir / f"{variant}.ini"
-                ini.write_text(ini_text(extra, cluster))
                 env = dict(os.environ, PYTHONPATH=str(REPO))
                 targets.append(
                     Target(
                         variant,
                         "pypool",
-                        listen_port,
+                        0,
+                        ini=ini,
+                        settings=extra,
                         command=[sys.executable, "-m", "pypool", str(ini)],
                         popen_kwargs=dict(cwd=REPO, env=env),
                         logfile=workdir / f"{variant}.log",

@@ -30,7 +30,7 @@ AGGREGATED = [
     "kib_per_client",
     "connect_s",
 ]
-METRIC_LABELS = {"tps": "TPS", "rss_mib": "RSS MiB", "queue_wait_p99_ms": "queue wait p99"}
+METRIC_LABELS = {"tps": "TPS", "rss_mib": "RSS MiB", "queue_wait_ms.p99": "queue wait p99"}
 
 
 def value(run: dict, key: str) -> float | None:
