@@ -36,7 +36,7 @@ from ..auth.scram import (
     ScramAuthError,
     ScramServerExchange,
     ScramVerifier,
-    mock_salt,
+    verifier_for_password,
 )
 from ..pooling import prepared
 from ..pooling.params import canonical_name
@@ -302,9 +302,7 @@ class ClientConnection(asyncio.Protocol):
             self._auth_kind = "scram"
             verifier = None
             if secret is not None:
-                verifier = ScramVerifier.parse(secret) or ScramVerifier.from_password(
-                    secret, salt=mock_salt(self.user)  # stable, as for unknown users
-                )
+                verifier = ScramVerifier.parse(secret) or verifier_for_password(self.user, secret)
             self._auth_exchange = ScramServerExchange(verifier, self.user)
             self.write(m.authentication_sasl([MECHANISM]))
 
