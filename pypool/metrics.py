@@ -248,8 +248,8 @@ class PoolerCollector(Collector):
             # Only waits are observed on the hot path; assignments without one count as 0.
             zero_waits = max(0, stats.server_assignment_count - stats.wait_histogram.count)
             wait.add_metric(labels, stats.wait_histogram.cumulative(zero_waits),
-                            stats.wait_histogram.sum)
-            xact.add_metric(labels, stats.xact_histogram.cumulative(), stats.xact_histogram.sum)
+                            stats.wait_time_us / 1e6)
+            xact.add_metric(labels, stats.xact_histogram.cumulative(), stats.xact_time_us / 1e6)
         yield wait
         yield xact
 

@@ -124,19 +124,18 @@ XACT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 
 
 class Histogram:
-    """Counts of observations per bucket (`counts[i]` holds values in (bounds[i-1], bounds[i]];
-    the last slot is +Inf), and their sum in seconds."""
+    """Counts of observations per bucket: `counts[i]` holds values in (bounds[i-1], bounds[i]],
+    the last slot is +Inf. The sum Prometheus wants is not kept here: PoolStats already adds
+    the same times up in microseconds (xact_time_us, wait_time_us)."""
 
-    __slots__ = ("bounds", "counts", "sum")
+    __slots__ = ("bounds", "counts")
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = tuple(bounds)
         self.counts = [0] * (len(self.bounds) + 1)
-        self.sum = 0.0
 
     def observe(self, seconds: float) -> None:
         self.counts[bisect_left(self.bounds, seconds)] += 1
-        self.sum += seconds
 
     @property
     def count(self) -> int:
