@@ -260,6 +260,15 @@ def _sockname(transport: Any) -> tuple[str, int]:
     return "", 0
 
 
+def _prepared_count(connection: Any) -> int:
+    """Protocol-level prepared statements a client has named, or a server holds (as
+    PgBouncer counts them); 0 where prepared statements are off."""
+    statements = getattr(connection, "statements", None)
+    if statements is None:
+        return 0
+    return len(getattr(statements, "names", None) or getattr(statements, "lru", None) or ())
+
+
 def _client_row(client: ClientConnection, state: str, database: str, wall: float,
                 now: float) -> tuple[Any, ...]:
     wait_us = 0
@@ -269,7 +278,7 @@ def _client_row(client: ClientConnection, state: str, database: str, wall: float
     return ("C", client.user, database, "none", state, client.peer[0], client.peer[1],
             local_addr, local_port, client.connect_time + wall, client.state_since + wall,
             wait_us // 1_000_000, wait_us % 1_000_000, 0, _ptr(client), _ptr(client.server), 0,
-            "", client.params.get("application_name", ""), 0, client.id)
+            "", client.params.get("application_name", ""), _prepared_count(client), client.id)
 
 
 def _server_row(server: ServerConnection, state: str, close_needed: bool,
@@ -280,7 +289,7 @@ def _server_row(server: ServerConnection, state: str, close_needed: bool,
             local_port or server.local_port, server.connect_time + wall,
             server.request_time + wall, 0, 0, int(close_needed), _ptr(server),
             _ptr(server.client), server.backend_pid, "",
-            server.params.get("application_name", ""), 0, server.id)
+            server.params.get("application_name", ""), _prepared_count(server), server.id)
 
 
 def show_clients(pooler: Pooler) -> ResultSet:

@@ -26,9 +26,10 @@ def console(p: Pooler, user: str = ADMIN_USER, password: str = ADMIN_PASSWORD,
 
 
 def app(p: Pooler, dbname: str = "app", **kwargs: Any) -> psycopg.Connection[Any]:
-    """An application client (not preparing statements: that is another layer's test)."""
+    """An application client, not preparing statements unless asked (prepare_threshold)."""
+    kwargs.setdefault("prepare_threshold", None)
     return psycopg.connect(p.dsn(dbname, APP_USER, APP_PASSWORD), autocommit=True,
-                           connect_timeout=5, prepare_threshold=None, **kwargs)
+                           connect_timeout=5, **kwargs)
 
 
 def show(conn: psycopg.Connection[Any], what: str) -> list[dict[str, Any]]:

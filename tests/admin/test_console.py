@@ -232,6 +232,18 @@ def test_maxwait_and_waiting_clients(operated_pooler: Callable[..., Pooler]) -> 
         assert row(admin, "STATS", database="app")["total_wait_time"] >= 300_000
 
 
+def test_prepared_statements_are_counted(bouncer: Pooler) -> None:
+    with app(bouncer, prepare_threshold=0) as client, console(bouncer) as admin:
+        client.execute("SELECT %s::int", (1,), prepare=True)
+        client.execute("SELECT %s::int + 1", (1,), prepare=True)
+        assert row(admin, "CLIENTS", database="app")["prepared_statements"] == 2
+        assert row(admin, "SERVERS", database="app")["prepared_statements"] == 2
+        stats = row(admin, "STATS", database="app")
+        assert stats["total_client_parse_count"] == 2
+        assert stats["total_server_parse_count"] == 2
+        assert stats["total_bind_count"] == 2
+
+
 # --- commands ---------------------------------------------------------------------------
 
 
