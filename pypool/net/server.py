@@ -317,7 +317,8 @@ class ServerConnection(asyncio.Protocol):
                         self._skip = end - n  # stream long rows; they complete nothing
                         pos = n
                     break
-                if kind == m.COMMAND_COMPLETE or kind == m.ERROR_RESPONSE:
+                if (kind == m.COMMAND_COMPLETE or kind == m.ERROR_RESPONSE
+                        or kind == m.READY_FOR_QUERY):
                     body = data[pos + 5 : end]
                     if kind == m.ERROR_RESPONSE:
                         errs = self.pool.stats.errors
@@ -362,7 +363,7 @@ class ServerConnection(asyncio.Protocol):
                 elif kind == m.READY_FOR_QUERY:
                     client = self.client
                     if st.queue:
-                        st.pop_ready()
+                        st.pop_ready(data[pos + 5])
                     if client is None:
                         out = end
                     elif data[pos + 5] != m.TX_IDLE and self.pool.limits.pool_mode == "statement":

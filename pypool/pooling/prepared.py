@@ -70,6 +70,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("pypool.prepared")
 
 PREFIX = b"PYPOOL_"
+# A name no server ever has (the registry counts from 1): what the pooler sends when it needs
+# the server to fail, or to parse something and forget it.
+PROBE = PREFIX + b"0"
 
 
 class Statement:
@@ -168,6 +171,9 @@ OP_CLOSE = 5  # the client's Close, answered by the pooler: ok -> drop ref; fail
 OP_NAMED = 6  # Bind/Describe of a named statement: kept to name it in a server error
 OP_SQL = 7  # the client's PREPARE/DEALLOCATE query: applied when its tag confirms it
 OP_HIDDEN = 8  # the pooler's own SQL-level PREPARE/DEALLOCATE: failed -> forget the name
+OP_FAIL = 9  # a Describe of PROBE sent to make the server fail: its error is replaced
+_UNDOABLE = frozenset((OP_PARSE, OP_PARSE_HIT, OP_INJECT, OP_EVICT, OP_CLOSE, OP_SQL,
+                       OP_HIDDEN))
 
 # A request: (wait, swallow, op, stmt, client name, segment, payload). `segment` counts the
 # Syncs queued before it on this server; `payload` is the synthesised reply (W_SYNTHETIC) or
@@ -224,6 +230,14 @@ def _query_message(text: bytes) -> bytes:
 
 def _close_statement(name: bytes) -> bytes:
     return b"C" + (len(name) + 6).to_bytes(4, "big") + b"S" + name + b"\x00"
+
+
+def _describe_statement(name: bytes) -> bytes:
+    return b"D" + (len(name) + 6).to_bytes(4, "big") + b"S" + name + b"\x00"
+
+
+def _parse_message(name: bytes, key: bytes) -> bytes:
+    return b"P" + (len(name) + len(key) + 5).to_bytes(4, "big") + name + b"\x00" + key
 
 
 def _error(sqlstate: str, text: str) -> bytes:
@@ -310,11 +324,17 @@ class ServerStatements:
         self.client: ClientStatements | None = None
         self.epoch = 0  # bumped at each link: statements used in this link are not evicted
         self.segment = 0  # Syncs queued so far
+        # The transaction status of the last ReadyForQuery, and the requests queued and done
+        # that end with one: while they differ, the status further on is not known yet.
+        self.tx_status = 73  # "I"
+        self.readies_queued = 0
+        self.readies_done = 0
         self.discarding = False  # dropping client messages up to the next Sync
         self.blocked = False  # a WAIT was returned; the client waits for the queue to move
-        # Parses sent but not answered yet: Statement or client name -> segment.
-        self.unconfirmed: dict[Statement, int] = {}
-        self.unconfirmed_names: dict[bytes, int] = {}
+        # Requests whose effect an error may still undo, by segment: while an earlier
+        # segment has some, a statement name is not looked up (WAIT), since its answer may
+        # change. (Within one segment an error skips the rest anyway.)
+        self.undoable: dict[int, int] = {}
         self.to_client: list[bytes] = []  # synthesised replies ready to go out
         self.replacement = b""  # the message to send for a REPLACE verdict
 
@@ -349,8 +369,8 @@ class ServerStatements:
         self.client = None
         self.discarding = False
         self.blocked = False
-        self.unconfirmed.clear()
-        self.unconfirmed_names.clear()
+        self.readies_queued = self.readies_done = 0
+        self.undoable.clear()
         self.to_client.clear()
         if self.queue:
             self.close()
@@ -367,6 +387,7 @@ class ServerStatements:
             if request[2] in (OP_EVICT, OP_CLOSE) and request[3] is not None:
                 release(request[3])
         self.queue.clear()
+        self.readies_queued = self.readies_done = 0
         self.tracking = 0
         self.sql.clear()
 
@@ -409,8 +430,27 @@ class ServerStatements:
     def _push(self, request: Request) -> None:
         queue = self.queue
         queue.append(request)
+        if request[0] >= W_SYNC:
+            self.readies_queued += 1
+        if request[2] in _UNDOABLE:
+            segment = request[5]
+            self.undoable[segment] = self.undoable.get(segment, 0) + 1
         if len(queue) == 1:
             self._retrack()
+
+    def _must_wait(self) -> bool:
+        """Whether a request in an earlier segment may still be undone (see `undoable`)."""
+        undoable = self.undoable
+        if undoable and min(undoable) < self.segment:
+            self.blocked = True
+            return True
+        return False
+
+    def _status_known(self) -> bool:
+        """Whether the server will not be in a failed transaction when it reaches what is
+        queued next: no ReadyForQuery is owed before it and the last one was not "E". (An
+        error in between makes the server skip it altogether.)"""
+        return self.readies_queued == self.readies_done and self.tx_status != 69
 
     def _retrack(self) -> None:
         queue = self.queue
@@ -426,68 +466,86 @@ class ServerStatements:
             self.tracking = 1
 
     def _fail(self, sqlstate: str, text: str) -> bytes:
-        """Answer the client's message with an error, as PostgreSQL would, and skip to Sync."""
-        self._push((W_SYNTHETIC, False, OP_NONE, None, None, self.segment, _error(sqlstate, text)))
-        self.discarding = True
-        return b""
+        """Answer the client's message with an error, as PostgreSQL would. The server is made
+        to fail in its place (a Describe of a statement it does not have), so it skips to the
+        Sync and aborts a transaction block just as it would have; its error is replaced."""
+        self._push((W_DESCRIBE, False, OP_FAIL, None, None, self.segment,
+                    _error(sqlstate, text)))
+        return _describe_statement(PROBE)
 
     def _parse(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
         name_end = data.index(0, pos + 5, end)
         if name_end == pos + 5:
             self._push(_PARSE)
             return None
+        if self.undoable and self._must_wait():
+            return WAIT
         name = data[pos + 5 : name_end]
         client = self.client
         assert client is not None
         segment = self.segment
-        if name in client.names or name in client.sql:
-            if self.unconfirmed_names.get(name, segment) < segment:
-                self.blocked = True  # the first Parse may yet fail: then this one is fine
-                return WAIT
-            return self._fail(errors.DUPLICATE_PREPARED_STATEMENT,
-                              f'prepared statement "{_shown(name)}" already exists')
         key = data[name_end + 1 : end]
-        registry = self.registry
-        stmt = registry.statements.get(key)
-        if stmt is not None and self.unconfirmed.get(stmt, segment) < segment:
-            self.blocked = True  # same body still being parsed: its outcome decides
-            return WAIT
+        stats = self.stats
+        if stats is not None:
+            stats.client_parse_count += 1
+        existing = client.names.get(name)
+        if existing is not None:
+            # A duplicate. Parsed under the name of a statement the server has, it fails
+            # there as it would here: a syntax error first, 25P02 in a failed transaction,
+            # else 42P05, with the name in the message changed back to the client's.
+            lru = self.lru
+            if existing in lru or not lru:
+                target = existing
+                out = self._ensure(existing)
+            else:
+                target = next(reversed(lru))
+                out = b""
+            self._push((W_PARSE, False, OP_NAMED, target, name, segment, None))
+            return out + _parse_message(target.name, key)
+        if name in client.sql:
+            self._push(_PARSE)  # the server has it under this name: 42P05 there
+            return None
         if client.cap and len(client) >= client.cap:
             return self._fail(
                 errors.PROGRAM_LIMIT_EXCEEDED,
                 f"too many prepared statements for this client "
                 f"(max_client_prepared_statements = {client.cap})",
             )
-        stats = self.stats
-        if stats is not None:
-            stats.client_parse_count += 1
+        registry = self.registry
         stmt = registry.acquire(key)
         client.names[name] = stmt
-        self.unconfirmed_names[name] = segment
         lru = self.lru
         if stmt in lru:
             lru.move_to_end(stmt)
             lru[stmt] = self.epoch
             if stats is not None:
                 stats.prepared_hits += 1
-            self._push((W_SYNTHETIC, False, OP_PARSE_HIT, stmt, name, segment, PARSE_COMPLETE))
-            return b""
+            if self._status_known():
+                self._push((W_SYNTHETIC, False, OP_PARSE_HIT, stmt, name, segment,
+                            PARSE_COMPLETE))
+                return b""
+            # The server might be in a failed transaction by then (25P02): let it parse the
+            # body under a throwaway name and say.
+            self._push((W_PARSE, False, OP_PARSE_HIT, stmt, name, segment, None))
+            self._push((W_CLOSE, True, OP_NONE, None, None, segment, None))
+            return _parse_message(PROBE, key) + _close_statement(PROBE)
         if stats is not None:
             stats.prepared_misses += 1
             stats.server_parse_count += 1
         out = self._make_room()
         registry.hold(stmt)
         lru[stmt] = self.epoch
-        self.unconfirmed[stmt] = segment
         self._push((W_PARSE, False, OP_PARSE, stmt, name, segment, None))
         return out + stmt.parse_message()
 
-    def _bind(self, data: bytes, pos: int, end: int) -> bytes | None:
+    def _bind(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
         portal_end = data.index(0, pos + 5, end)
         name_end = data.index(0, portal_end + 1, end)
         if name_end == portal_end + 1:
             self._push(_BIND)
             return None
+        if self.undoable and self._must_wait():
+            return WAIT
         name = data[portal_end + 1 : name_end]
         client = self.client
         assert client is not None
@@ -499,13 +557,15 @@ class ServerStatements:
             return self._fail(errors.INVALID_SQL_STATEMENT_NAME,
                               f'prepared statement "{_shown(name)}" does not exist')
         lru = self.lru
+        stats = self.stats
         if stmt in lru:
             lru.move_to_end(stmt)
             lru[stmt] = self.epoch
             out = b""
+            if stats is not None:
+                stats.prepared_hits += 1
         else:
             out = self._inject(stmt)
-        stats = self.stats
         if stats is not None:
             stats.bind_count += 1
         self._push((W_BIND, False, OP_NAMED, stmt, name, 0, None))
@@ -514,10 +574,12 @@ class ServerStatements:
         return b"".join((out, b"B", size.to_bytes(4, "big"), data[pos + 5 : portal_end + 1],
                          server_name, data[name_end:end]))
 
-    def _describe(self, data: bytes, pos: int, end: int) -> bytes | None:
+    def _describe(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
         if data[pos + 5] != 83 or end - pos <= 7:  # a portal, or the unnamed statement
             self._push(_DESCRIBE)
             return None
+        if self.undoable and self._must_wait():
+            return WAIT
         name = data[pos + 6 : end - 1]
         client = self.client
         assert client is not None
@@ -533,16 +595,17 @@ class ServerStatements:
         server_name = stmt.name
         return out + b"D" + (len(server_name) + 6).to_bytes(4, "big") + b"S" + server_name + b"\0"
 
-    def _close(self, data: bytes, pos: int, end: int) -> bytes | None:
+    def _close(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
         if data[pos + 5] != 83 or end - pos <= 7:  # a portal, or the unnamed statement
             self._push(_CLOSE)
             return None
+        if self.undoable and self._must_wait():
+            return WAIT
         name = data[pos + 6 : end - 1]
         client = self.client
         assert client is not None
         stmt = client.names.pop(name, None)
         if stmt is not None:
-            self.unconfirmed_names.pop(name, None)
             # The server keeps the plan for whoever parses the same body next; the queue
             # entry holds the client's reference until the CloseComplete goes out.
             self._push((W_SYNTHETIC, False, OP_CLOSE, stmt, name, self.segment, CLOSE_COMPLETE))
@@ -556,12 +619,14 @@ class ServerStatements:
         self._push((W_SYNTHETIC, False, OP_NONE, None, None, self.segment, CLOSE_COMPLETE))
         return b""
 
-    def _query(self, data: bytes, pos: int, end: int) -> bytes | None:
+    def _query(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
         command = parse_sql_command(data[pos + 5 : end - 1])
         client = self.client
         if command is None or client is None:
             self._push(_READY)
             return None
+        if self.undoable and self._must_wait():
+            return WAIT
         name = command.name
         out = b""
         message: bytes | None = None
@@ -578,18 +643,25 @@ class ServerStatements:
         elif name in client.names:
             # SQL EXECUTE/DEALLOCATE of a protocol-level statement: use the server's name.
             stmt = client.names[name]
-            out = self._ensure(stmt)
-            if out:
+            if stmt in self.lru:
+                self._ensure(stmt)  # a hit: sends nothing
+            elif self.readies_queued != self.readies_done:
+                self.blocked = True  # a Parse would fail if the transaction fails first
+                return WAIT
+            elif self.tx_status != 69:  # in a failed transaction the query fails anyway
                 # A failed Parse would make the server skip the Query too, and the client
                 # would wait for its ReadyForQuery forever: end the Parse with a Sync.
+                out = self._inject(stmt) + m.sync()
                 self._push(_HIDDEN_SYNC)
                 self.segment += 1
-                out += m.sync()
             text = command.text
-            message = _query_message(text[: command.start] + stmt.name + text[command.end :])
+            message = _query_message(text[: command.start] + _quote_ident(stmt.name)
+                                     + text[command.end :])
             if command.verb == b"deallocate":
                 command.stmt = stmt
                 request = (W_READY, False, OP_SQL, stmt, name, self.segment, command)
+            else:
+                request = (W_READY, False, OP_NAMED, stmt, name, self.segment, None)
         elif name in self.sql:
             # Another client's statement of that name: drop it so the client's query fails
             # (or succeeds) as it would on a connection of its own.
@@ -601,11 +673,12 @@ class ServerStatements:
 
     def _hidden(self, text: bytes, name: bytes, prepared: bytes | None) -> bytes:
         """Queue a pooler-issued SQL-level PREPARE (`prepared` is its text) or DEALLOCATE."""
+        before = self.sql.get(name)
         if prepared is None:
             self.sql.pop(name, None)
         else:
             self.sql[name] = prepared
-        self._push((W_READY, True, OP_HIDDEN, None, name, self.segment, prepared))
+        self._push((W_READY, True, OP_HIDDEN, None, name, self.segment, (prepared, before)))
         return _query_message(text)
 
     def _ensure(self, stmt: Statement) -> bytes:
@@ -614,6 +687,8 @@ class ServerStatements:
         if stmt in lru:
             lru.move_to_end(stmt)
             lru[stmt] = self.epoch
+            if self.stats is not None:
+                self.stats.prepared_hits += 1
             return b""
         return self._inject(stmt)
 
@@ -625,7 +700,6 @@ class ServerStatements:
         out = self._make_room()
         self.registry.hold(stmt)
         self.lru[stmt] = self.epoch
-        self.unconfirmed[stmt] = self.segment
         self._push((W_PARSE, True, OP_INJECT, stmt, None, self.segment, None))
         return out + stmt.parse_message()
 
@@ -659,6 +733,8 @@ class ServerStatements:
         if wait >= W_SYNC:
             if kind == 90:  # Z
                 queue.popleft()
+                self.readies_done += 1
+                self.tx_status = body[0]
                 if head[2]:
                     self._settle(head, True)
                 self._advance()
@@ -668,8 +744,11 @@ class ServerStatements:
                     head[6].tags += 1
                 self._command_tag(body)
             elif kind == 69:  # E
-                if head[2] == OP_SQL:
-                    head[6].failed = True
+                if head[2] == OP_SQL or head[2] == OP_NAMED:
+                    if head[2] == OP_SQL:
+                        head[6].failed = True
+                    if head[3] is not None:
+                        return self._rename_error(body, head)
                 elif head[2] == OP_HIDDEN:
                     self._settle(head, False)
                     fields = m.parse_error_fields(body)
@@ -681,6 +760,9 @@ class ServerStatements:
             verdict = FORWARD
             if head[2] == OP_NAMED:
                 verdict = self._rename_error(body, head)
+            elif head[2] == OP_FAIL:
+                self.replacement = head[6]
+                verdict = REPLACE
             self._skip_to_sync()
             return verdict
         if _COMPLETES[kind] == wait:
@@ -693,10 +775,12 @@ class ServerStatements:
             return SWALLOW if head[1] else FORWARD
         return FORWARD  # DataRow, ParameterDescription, NoticeResponse, Copy*, ...
 
-    def pop_ready(self) -> None:
+    def pop_ready(self, status: int) -> None:
         """A ReadyForQuery went by on the hot path: its request (a plain Sync or Query at the
         head) is done."""
         self.queue.popleft()
+        self.readies_done += 1
+        self.tx_status = status
         self._advance()
 
     def emit_synthetic(self) -> bytes:
@@ -726,7 +810,10 @@ class ServerStatements:
         queue = self.queue
         skipped = []
         while queue and queue[0][0] != W_SYNC:
-            skipped.append(queue.popleft())
+            request = queue.popleft()
+            if request[0] >= W_SYNC:
+                self.readies_done += 1  # a Query after the error: skipped, no ReadyForQuery
+            skipped.append(request)
         if not queue:
             self.discarding = True  # the client's Sync is still to come
         for request in reversed(skipped):
@@ -749,13 +836,15 @@ class ServerStatements:
         op = request[2]
         stmt = request[3]
         name = request[4]
+        if op in _UNDOABLE:
+            segment = request[5]
+            left = self.undoable[segment] - 1
+            if left:
+                self.undoable[segment] = left
+            else:
+                del self.undoable[segment]
         if op == OP_PARSE or op == OP_INJECT or op == OP_PARSE_HIT:
             assert stmt is not None
-            segment = request[5]
-            if self.unconfirmed.get(stmt) == segment and op != OP_PARSE_HIT:
-                del self.unconfirmed[stmt]
-            if name is not None and self.unconfirmed_names.get(name) == segment:
-                del self.unconfirmed_names[name]
             if ok:
                 if op != OP_PARSE_HIT and stmt not in self.lru:
                     # Forgotten meanwhile (an earlier Parse of it failed): it exists now.
@@ -784,8 +873,12 @@ class ServerStatements:
             if ok:
                 self._sql_done(request)
         elif op == OP_HIDDEN:
-            if not ok and name is not None and request[6] is not None:
-                self.sql.pop(name, None)
+            if not ok and name is not None:  # undo: the server's names are as they were
+                prepared, before = request[6]
+                if before is None:
+                    self.sql.pop(name, None)
+                elif self.sql.get(name) in (prepared, None):
+                    self.sql[name] = before
 
     def _sql_done(self, request: Request) -> None:
         """A client's PREPARE or DEALLOCATE query completed: apply it if it succeeded."""
@@ -829,7 +922,6 @@ class ServerStatements:
             release(stmt)
         self.lru.clear()
         self.sql.clear()
-        self.unconfirmed.clear()
         client = self.client
         if client is not None:
             for stmt in client.names.values():

@@ -1,0 +1,615 @@
+"""Prepared-statement rewriting, sans-IO: client messages and server replies in, the exact
+bytes each side gets out (pypool/pooling/prepared.py).
+
+`Link` plays the part of net/client.py and net/server.py: it feeds the client's messages to
+`ServerStatements.from_client` and the server's replies to `reply`/`pop_ready`, writing what
+they return where the glue would.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from pypool.pooling.pool import PoolStats
+from pypool.pooling.prepared import (
+    READY,
+    REPLACE,
+    SWALLOW,
+    WAIT,
+    ClientStatements,
+    Registry,
+    ServerStatements,
+    parse_sql_command,
+)
+from pypool.protocol import messages as m
+
+# --- messages ------------------------------------------------------------------------------
+
+
+def msg(kind: bytes, body: bytes = b"") -> bytes:
+    return kind + struct.pack("!I", len(body) + 4) + body
+
+
+def parse(name: bytes, sql: bytes, types: tuple[int, ...] = ()) -> bytes:
+    body = name + b"\0" + sql + b"\0" + struct.pack("!H", len(types))
+    return msg(b"P", body + b"".join(struct.pack("!I", t) for t in types))
+
+
+def bind(stmt: bytes, portal: bytes = b"", params: tuple[bytes, ...] = ()) -> bytes:
+    body = portal + b"\0" + stmt + b"\0" + struct.pack("!HH", 0, len(params))
+    for p in params:
+        body += struct.pack("!i", len(p)) + p
+    return msg(b"B", body + struct.pack("!H", 0))
+
+
+def describe(what: bytes, name: bytes) -> bytes:
+    return msg(b"D", what + name + b"\0")
+
+
+def close(what: bytes, name: bytes) -> bytes:
+    return msg(b"C", what + name + b"\0")
+
+
+def execute(portal: bytes = b"") -> bytes:
+    return msg(b"E", portal + b"\0" + struct.pack("!I", 0))
+
+
+def query(sql: bytes) -> bytes:
+    return msg(b"Q", sql + b"\0")
+
+
+SYNC = msg(b"S")
+FLUSH = msg(b"H")
+PARSE_COMPLETE = msg(b"1")
+BIND_COMPLETE = msg(b"2")
+CLOSE_COMPLETE = msg(b"3")
+NO_DATA = msg(b"n")
+ROW = msg(b"D", struct.pack("!Hi", 1, 1) + b"1")
+ROW_DESCRIPTION = m.row_description([("x", 23)])
+PARAM_DESCRIPTION = msg(b"t", struct.pack("!HI", 1, 23))
+
+
+def complete(tag: bytes) -> bytes:
+    return msg(b"C", tag + b"\0")
+
+
+def ready(status: bytes | str = b"I") -> bytes:
+    if isinstance(status, str):
+        status = status.encode()
+    return msg(b"Z", status)
+
+
+def error(code: str, text: str) -> bytes:
+    return m.error_response(text, code)
+
+
+# --- the glue, in miniature ----------------------------------------------------------------
+
+
+class Link:
+    """One client on one server at a time, as net/ wires them."""
+
+    def __init__(self, cap: int = 200, client_cap: int = 0,
+                 registry: Registry | None = None, stats: PoolStats | None = None) -> None:
+        self.registry = registry if registry is not None else Registry()
+        self.stats = stats if stats is not None else PoolStats()
+        self.client = ClientStatements(self.registry, client_cap)
+        self.cap = cap
+        self.server = self.new_server()
+        self.to_server = b""
+        self.to_client = b""
+        self.readies = 0  # ReadyForQuery messages the client was given
+        self.to_server = self.server.attach(self.client)
+
+    def new_server(self) -> ServerStatements:
+        return ServerStatements(self.registry, self.cap, self.stats)
+
+    def move_to(self, server: ServerStatements) -> None:
+        """The transaction ended; the next one lands on `server`."""
+        assert self.server.detach()
+        self.server = server
+        self.to_server += server.attach(self.client)
+
+    def send(self, *messages: bytes) -> object:
+        st = self.server
+        data = b"".join(messages)
+        pos = 0
+        while pos < len(data):
+            kind = data[pos]
+            end = pos + 1 + int.from_bytes(data[pos + 1 : pos + 5], "big")
+            out = st.from_client(kind, data, pos, end)
+            if out is WAIT:
+                return data[pos:]
+            self.to_server += data[pos:end] if out is None else out  # type: ignore[operator]
+            pos = end
+        if st.tracking == 2:
+            self.to_client += st.emit_synthetic()
+        return None
+
+    def reply(self, *messages: bytes) -> None:
+        st = self.server
+        for raw in messages:
+            kind, body = raw[0], raw[5:]
+            if st.tracking == 2:
+                self.to_client += st.emit_synthetic()
+            if st.tracking:
+                verdict = st.reply(kind, body)
+                if verdict == REPLACE:
+                    self.to_client += st.replacement
+                elif verdict != SWALLOW:
+                    self.to_client += raw
+                if verdict == READY:
+                    self.readies += 1
+            else:
+                if kind == ord("Z"):
+                    if st.queue:
+                        st.pop_ready(body[0])
+                    self.readies += 1
+                elif kind == ord("C") and body[:1] == b"D":
+                    st.command_tag(body)
+                self.to_client += raw
+            self.to_client += b"".join(st.to_client)
+            st.to_client.clear()
+
+    def take(self) -> tuple[bytes, bytes]:
+        out = (self.to_server, self.to_client)
+        self.to_server = self.to_client = b""
+        return out
+
+
+SQL = b"SELECT $1::int"
+KEY_PARSE = parse(b"PYPOOL_1", SQL)
+
+
+# --- Parse ---------------------------------------------------------------------------------
+
+
+def test_named_parse_is_renamed_and_answered_by_the_server():
+    link = Link()
+    link.send(parse(b"s1", SQL), SYNC)
+    link.reply(PARSE_COMPLETE, ready())
+    assert link.take() == (parse(b"PYPOOL_1", SQL) + SYNC, PARSE_COMPLETE + ready())
+    assert link.client.names[b"s1"].name == b"PYPOOL_1"
+    assert link.stats.client_parse_count == 1 and link.stats.server_parse_count == 1
+    assert link.server.queue == type(link.server.queue)()
+
+
+def test_parse_of_a_body_the_server_has_is_answered_by_the_pooler_in_order():
+    registry = Registry()
+    first = Link(registry=registry)
+    first.send(parse(b"a", SQL), SYNC)
+    first.reply(PARSE_COMPLETE, ready())
+    server = first.server
+    first.server.detach()
+    second = Link(registry=registry)
+    second.move_to(server)
+    second.take()
+    # Another statement before it: the synthesised ParseComplete waits for that one's reply.
+    second.send(parse(b"other", b"SELECT 2"), parse(b"mine", SQL), bind(b"mine"), execute(),
+                SYNC)
+    assert second.to_server == (parse(b"PYPOOL_2", b"SELECT 2") + bind(b"PYPOOL_1")
+                                + execute() + SYNC)
+    assert second.to_client == b""
+    second.reply(PARSE_COMPLETE, BIND_COMPLETE, ROW, complete(b"SELECT 1"), ready())
+    assert second.to_client == (PARSE_COMPLETE + PARSE_COMPLETE + BIND_COMPLETE + ROW
+                                + complete(b"SELECT 1") + ready())
+    # The Parse and the Bind found PYPOOL_1 there (counted in the server's pool).
+    assert server.stats is not None and server.stats.prepared_hits == 2
+
+
+def test_synthesised_parse_complete_goes_out_at_once_when_nothing_is_owed():
+    registry = Registry()
+    first = Link(registry=registry)
+    first.send(parse(b"a", SQL), SYNC)
+    first.reply(PARSE_COMPLETE, ready())
+    second = Link(registry=registry)
+    first.server.detach()
+    second.move_to(first.server)
+    second.take()
+    second.send(parse(b"b", SQL), FLUSH)
+    assert second.take() == (FLUSH, PARSE_COMPLETE)
+
+
+def test_unnamed_statements_and_portals_pass_through():
+    link = Link()
+    messages = (parse(b"", SQL), bind(b"", b"p1"), describe(b"P", b"p1"), execute(b"p1"),
+                close(b"P", b"p1"), describe(b"S", b""), SYNC)
+    link.send(*messages)
+    assert link.to_server == b"".join(messages)
+    link.reply(PARSE_COMPLETE, BIND_COMPLETE, ROW_DESCRIPTION, ROW, complete(b"SELECT 1"),
+               CLOSE_COMPLETE, PARAM_DESCRIPTION, ROW_DESCRIPTION, ready())
+    assert link.to_client.endswith(ready()) and link.readies == 1
+    assert not link.server.queue and not link.client.names
+
+
+def test_duplicate_parse_fails_on_the_server_with_postgresqls_error():
+    link = Link()
+    link.send(parse(b"s1", SQL), SYNC)
+    link.reply(PARSE_COMPLETE, ready())
+    link.take()
+    # Sent as a Parse of the existing server-side name: the server fails it (42P05, or
+    # 25P02 in a failed transaction block), skips to the Sync, and we name the client's.
+    link.send(parse(b"s1", b"SELECT 2"), bind(b"s1"), execute(), SYNC)
+    assert link.to_server == (parse(b"PYPOOL_1", b"SELECT 2") + bind(b"PYPOOL_1") + execute()
+                              + SYNC)
+    link.reply(error("42P05", 'prepared statement "PYPOOL_1" already exists'), ready("E"))
+    assert link.take()[1] == (error("42P05", 'prepared statement "s1" already exists')
+                              + ready("E"))
+    # The client carries on: its statement is the first one.
+    link.send(bind(b"s1"), execute(), SYNC)
+    assert link.take()[0] == bind(b"PYPOOL_1") + execute() + SYNC
+    assert link.client.names[b"s1"].key == SQL + b"\0\0\0"
+
+
+def test_duplicate_in_the_same_pipeline():
+    link = Link()
+    link.send(parse(b"s1", SQL), parse(b"s1", SQL), SYNC)
+    assert link.take() == (KEY_PARSE + KEY_PARSE + SYNC, b"")
+    link.reply(PARSE_COMPLETE, error("42P05", 'prepared statement "PYPOOL_1" already exists'),
+               ready())
+    assert link.take()[1] == (PARSE_COMPLETE
+                              + error("42P05", 'prepared statement "s1" already exists')
+                              + ready())
+
+
+def test_failed_parse_is_forgotten_and_the_name_can_be_parsed_again():
+    link = Link()
+    link.send(parse(b"s1", b"SELEC 1"), bind(b"s1"), execute(), SYNC)
+    assert link.to_server == (parse(b"PYPOOL_1", b"SELEC 1") + bind(b"PYPOOL_1") + execute()
+                              + SYNC)
+    syntax = error("42601", 'syntax error at or near "SELEC"')
+    link.reply(syntax, ready())
+    assert link.take()[1] == syntax + ready()
+    assert not link.client.names and not link.server.lru
+    assert not link.registry.statements  # nobody refers to the failed body any more
+    link.send(parse(b"s1", SQL), SYNC)
+    assert link.take()[0] == parse(b"PYPOOL_2", SQL) + SYNC
+
+
+def test_skipped_close_is_undone():
+    link = Link()
+    link.send(parse(b"s1", SQL), SYNC)
+    link.reply(PARSE_COMPLETE, ready())
+    link.take()
+    # The Bind fails; the Close after it was skipped by the server, so s1 still exists.
+    link.send(bind(b"", b"", (b"x",)), close(b"S", b"s1"), SYNC)
+    link.reply(error("08P01", "bind message supplies 1 parameters"), ready())
+    assert link.take()[1] == error("08P01", "bind message supplies 1 parameters") + ready()
+    assert b"s1" in link.client.names
+
+
+def test_bind_of_an_unknown_statement_is_26000():
+    link = Link()
+    # The server is made to fail in its place (so a transaction block aborts as it would).
+    link.send(bind(b"nope"), execute(), SYNC)
+    assert link.to_server == describe(b"S", b"PYPOOL_0") + execute() + SYNC
+    link.reply(error("26000", 'prepared statement "PYPOOL_0" does not exist'), ready())
+    assert link.take()[1] == (error("26000", 'prepared statement "nope" does not exist')
+                              + ready())
+    link.send(describe(b"S", b"nope"), SYNC)
+    assert link.to_server == describe(b"S", b"PYPOOL_0") + SYNC
+    link.reply(error("26000", 'prepared statement "PYPOOL_0" does not exist'), ready())
+    assert link.take()[1] == (error("26000", 'prepared statement "nope" does not exist')
+                              + ready())
+
+
+def test_parse_of_a_known_body_in_a_failed_transaction_goes_to_the_server():
+    link = Link()
+    link.send(parse(b"a", SQL), SYNC)
+    link.reply(PARSE_COMPLETE, ready("E"))
+    link.take()
+    link.send(parse(b"b", SQL), SYNC)
+    # Not answered by the pooler: the server says 25P02 (or ParseComplete for a ROLLBACK).
+    assert link.to_server == parse(b"PYPOOL_0", SQL) + close(b"S", b"PYPOOL_0") + SYNC
+    aborted = error("25P02", "current transaction is aborted")
+    link.reply(aborted, ready("E"))
+    assert link.take()[1] == aborted + ready("E")
+    assert b"b" not in link.client.names
+
+
+# --- a statement on another server ---------------------------------------------------------
+
+
+def test_bind_on_a_server_without_the_statement_injects_a_parse_and_swallows_its_reply():
+    link = Link()
+    link.send(parse(b"s1", SQL), SYNC)
+    link.reply(PARSE_COMPLETE, ready())
+    link.take()
+    link.move_to(link.new_server())
+    link.send(bind(b"s1", params=(b"7",)), execute(), SYNC)
+    assert link.to_server == KEY_PARSE + bind(b"PYPOOL_1", params=(b"7",)) + execute() + SYNC
+    link.reply(PARSE_COMPLETE, BIND_COMPLETE, ROW, complete(b"SELECT 1"), ready())
+    assert link.take()[1] == BIND_COMPLETE + ROW + complete(b"SELECT 1") + ready()
+    assert link.stats.prepared_misses == 2 and link.stats.bind_count == 1
+    # Known there now: no second Parse.
+    link.send(describe(b"S", b"s1"), SYNC)
+    assert link.take()[0] == describe(b"S", b"PYPOOL_1") + SYNC
+
+
+def test_describe_on_a_server_without_the_statement():
+    link = Link()
+    link.send(parse(b"s1", SQL), SYNC)
+    link.reply(PARSE_COMPLETE, ready())
+    link.move_to(link.new_server())
+    link.take()
+    link.send(describe(b"S", b"s1"), SYNC)
+    assert link.to_server == KEY_PARSE + describe(b"S", b"PYPOOL_1") + SYNC
+    link.reply(PARSE_COMPLETE, PARAM_DESCRIPTION, ROW_DESCRIPTION, ready())
+    assert link.take()[1] == PARAM_DESCRIPTION + ROW_DESCRIPTION + ready()
+
+
+def test_injected_parse_that_fails_reports_to_the_client_and_is_forgotten():
+    link = Link()
+    link.send(parse(b"s1", b"SELECT * FROM t"), SYNC)
+    link.reply(PARSE_COMPLETE, ready())
+    link.move_to(link.new_server())
+    link.take()
+    link.send(bind(b"s1"), execute(), SYNC)
+    missing = error("42P01", 'relation "t" does not exist')
+    link.reply(missing, ready())
+    assert link.take()[1] == missing + ready()
+    assert not link.server.lru and b"s1" in link.client.names
+
+
+def test_server_error_naming_our_statement_names_the_clients():
+    link = Link()
+    link.send(parse(b"s1", SQL), SYNC)
+    link.reply(PARSE_COMPLETE, ready())
+    link.take()
+    link.send(bind(b"s1"), execute(), SYNC)
+    link.reply(error("26000", 'prepared statement "PYPOOL_1" does not exist'), ready())
+    assert link.take()[1] == (error("26000", 'prepared statement "s1" does not exist')
+                              + ready())
+
+
+# --- Close ---------------------------------------------------------------------------------
+
+
+def test_close_is_answered_by_the_pooler_and_the_server_keeps_the_plan():
+    link = Link()
+    link.send(parse(b"s1", SQL), SYNC)
+    link.reply(PARSE_COMPLETE, ready())
+    link.take()
+    link.send(bind(b"s1"), execute(), close(b"S", b"s1"), SYNC)
+    assert link.to_server == bind(b"PYPOOL_1") + execute() + SYNC
+    link.reply(BIND_COMPLETE, complete(b"SELECT 1"), ready())
+    assert link.take()[1] == (BIND_COMPLETE + complete(b"SELECT 1") + CLOSE_COMPLETE
+                              + ready())
+    assert not link.client.names and len(link.server.lru) == 1
+    # The same name for other SQL is a new statement.
+    link.send(parse(b"s1", b"SELECT 2"), SYNC)
+    assert link.take()[0] == parse(b"PYPOOL_2", b"SELECT 2") + SYNC
+
+
+def test_close_of_an_unknown_statement_is_no_error():
+    link = Link()
+    link.send(close(b"S", b"never"), SYNC)
+    assert link.take() == (SYNC, CLOSE_COMPLETE)
+
+
+# --- the server's LRU ----------------------------------------------------------------------
+
+
+def test_least_recently_used_statement_is_closed_to_make_room():
+    link = Link(cap=2)
+    for name, sql in ((b"a", b"SELECT 1"), (b"b", b"SELECT 2")):
+        link.send(parse(name, sql), SYNC)
+        link.reply(PARSE_COMPLETE, ready())
+        link.move_to(link.server)  # a new transaction on the same server
+    link.send(bind(b"a"), execute(), SYNC)  # a is now more recent than b
+    link.reply(BIND_COMPLETE, complete(b"SELECT 1"), ready())
+    link.move_to(link.server)
+    link.take()
+    link.send(parse(b"c", b"SELECT 3"), SYNC)
+    assert link.to_server == (close(b"S", b"PYPOOL_2") + parse(b"PYPOOL_3", b"SELECT 3")
+                              + SYNC)
+    link.reply(CLOSE_COMPLETE, PARSE_COMPLETE, ready())
+    assert link.take()[1] == PARSE_COMPLETE + ready()
+    assert link.stats.prepared_evictions == 1
+    assert [s.name for s in link.server.lru] == [b"PYPOOL_1", b"PYPOOL_3"]
+    # b lives on for the client: it comes back through an injected Parse.
+    link.send(bind(b"b"), execute(), SYNC)
+    assert link.to_server.startswith(close(b"S", b"PYPOOL_1") + parse(b"PYPOOL_2", b"SELECT 2"))
+
+
+def test_statements_of_the_current_transaction_are_not_evicted():
+    link = Link(cap=1)
+    link.send(parse(b"a", b"SELECT 1"), bind(b"a", b"p"), parse(b"b", b"SELECT 2"),
+              execute(b"p"), SYNC)
+    # A Close of a would also close portal p: the cap is exceeded instead, for now.
+    assert link.to_server == (parse(b"PYPOOL_1", b"SELECT 1") + bind(b"PYPOOL_1", b"p")
+                              + parse(b"PYPOOL_2", b"SELECT 2") + execute(b"p") + SYNC)
+    link.reply(PARSE_COMPLETE, BIND_COMPLETE, PARSE_COMPLETE, complete(b"SELECT 1"), ready())
+    assert len(link.server.lru) == 2
+    link.move_to(link.server)
+    link.take()
+    link.send(parse(b"c", b"SELECT 3"), SYNC)
+    assert link.to_server == (close(b"S", b"PYPOOL_1") + close(b"S", b"PYPOOL_2")
+                              + parse(b"PYPOOL_3", b"SELECT 3") + SYNC)
+
+
+def test_evicted_close_skipped_by_an_error_puts_the_statement_back():
+    link = Link(cap=1)
+    link.send(parse(b"a", b"SELECT 1"), SYNC)
+    link.reply(PARSE_COMPLETE, ready())
+    link.move_to(link.server)
+    link.take()
+    link.send(bind(b"", b"", (b"x",)), parse(b"b", b"SELECT 2"), SYNC)
+    link.reply(error("08P01", "bad bind"), ready())
+    assert {s.name for s in link.server.lru} == {b"PYPOOL_1"}  # b's Parse never ran
+    assert b"b" not in link.client.names
+
+
+# --- pipelines -----------------------------------------------------------------------------
+
+
+def test_parse_whose_first_attempt_is_unanswered_in_an_earlier_segment_waits():
+    link = Link()
+    link.send(parse(b"s1", b"SELEC 1"), SYNC)
+    rest = link.send(parse(b"s1", SQL), SYNC)
+    assert rest == parse(b"s1", SQL) + SYNC and link.server.blocked
+    link.reply(error("42601", "syntax error"), ready())
+    link.server.blocked = False
+    assert link.send(rest) is None  # the first failed: this one is a fresh Parse
+    assert link.take()[0].endswith(parse(b"PYPOOL_2", SQL) + SYNC)
+
+
+def test_same_segment_duplicate_needs_no_wait():
+    link = Link()
+    assert link.send(parse(b"s1", SQL), parse(b"s2", SQL), SYNC) is None
+    assert link.to_server == parse(b"PYPOOL_1", SQL) + SYNC
+    link.reply(PARSE_COMPLETE, ready())
+    assert link.take()[1] == PARSE_COMPLETE + PARSE_COMPLETE + ready()
+
+
+def test_server_error_before_the_sync_arrives_drops_the_rest_up_to_it():
+    link = Link()
+    link.send(parse(b"s1", b"SELEC"), FLUSH)
+    link.reply(error("42601", "syntax error"))
+    link.send(bind(b"s1"), execute(), SYNC)  # sent after the error: the server skips these
+    assert link.take() == (parse(b"PYPOOL_1", b"SELEC") + FLUSH + SYNC,
+                           error("42601", "syntax error"))
+    link.reply(ready())
+    assert link.take()[1] == ready()
+
+
+def test_copy_and_notices_pass_through_while_tracking():
+    link = Link()
+    link.send(parse(b"s1", b"COPY t FROM STDIN"), bind(b"s1"), execute(), SYNC)
+    notice = m.notice_response("hello")
+    link.reply(notice, PARSE_COMPLETE, BIND_COMPLETE, msg(b"G", b"\0\0\0"))
+    link.send(msg(b"d", b"1\n"), msg(b"c"))
+    link.reply(complete(b"COPY 1"), ready())
+    assert link.to_client == (notice + PARSE_COMPLETE + BIND_COMPLETE + msg(b"G", b"\0\0\0")
+                              + complete(b"COPY 1") + ready())
+
+
+# --- DEALLOCATE ALL, DISCARD ALL, SQL-level statements ------------------------------------
+
+
+def test_discard_all_clears_the_maps():
+    link = Link()
+    link.send(parse(b"s1", SQL), SYNC)
+    link.reply(PARSE_COMPLETE, ready())
+    link.send(query(b"DISCARD ALL"))
+    link.reply(complete(b"DISCARD ALL"), ready())
+    assert not link.client.names and not link.server.lru and not link.registry.statements
+
+
+def test_deallocate_all_via_the_extended_protocol_clears_the_maps():
+    link = Link()
+    link.send(parse(b"s1", SQL), parse(b"", b"DEALLOCATE ALL"), bind(b""), execute(), SYNC)
+    link.reply(PARSE_COMPLETE, PARSE_COMPLETE, BIND_COMPLETE, complete(b"DEALLOCATE ALL"),
+               ready())
+    assert not link.client.names and not link.server.lru
+
+
+def test_sql_prepare_is_replayed_on_the_next_server():
+    link = Link()
+    text = b"PREPARE q (int) AS SELECT $1 + 1"
+    link.send(query(text))
+    assert link.to_server == query(text)
+    link.reply(complete(b"PREPARE"), ready())
+    assert link.client.sql == {b"q": text} and link.server.sql == {b"q": text}
+    link.move_to(link.new_server())
+    assert link.to_server.endswith(query(text))  # the hidden PREPARE
+    link.take()
+    link.send(query(b"EXECUTE q(1)"))
+    assert link.to_server == query(b"EXECUTE q(1)")
+    link.reply(complete(b"PREPARE"), ready(),  # the hidden one, swallowed
+               ROW_DESCRIPTION, ROW, complete(b"SELECT 1"), ready())
+    assert link.take()[1] == ROW_DESCRIPTION + ROW + complete(b"SELECT 1") + ready()
+    assert link.readies == 1 + 1  # the PREPARE's and the EXECUTE's, not the hidden one's
+
+
+def test_sql_names_of_another_client_are_dropped_first():
+    registry = Registry()
+    a = Link(registry=registry)
+    a.send(query(b"PREPARE q AS SELECT 1"))
+    a.reply(complete(b"PREPARE"), ready())
+    server = a.server
+    server.detach()
+    b = Link(registry=registry)
+    b.move_to(server)
+    b.take()
+    b.send(query(b"EXECUTE q"))
+    assert b.to_server == query(b'DEALLOCATE "q"') + query(b"EXECUTE q")
+    b.reply(complete(b"DEALLOCATE"), ready(), error("26000", 'prepared statement "q" does '
+                                                             "not exist"), ready())
+    assert b.take()[1] == error("26000", 'prepared statement "q" does not exist') + ready()
+
+
+def test_sql_deallocate_and_execute_of_a_protocol_level_statement():
+    link = Link()
+    link.send(parse(b"s1", SQL), SYNC)
+    link.reply(PARSE_COMPLETE, ready())
+    link.take()
+    link.send(query(b"EXECUTE s1(5)"))
+    assert link.to_server == query(b'EXECUTE "PYPOOL_1"(5)')
+    link.reply(ROW_DESCRIPTION, ROW, complete(b"SELECT 1"), ready())
+    link.send(query(b"DEALLOCATE s1"))
+    assert link.to_server.endswith(query(b'DEALLOCATE "PYPOOL_1"'))
+    link.reply(complete(b"DEALLOCATE"), ready())
+    assert not link.client.names and not link.server.lru
+
+
+@pytest.mark.parametrize(
+    ("text", "verb", "name"),
+    [
+        (b"PREPARE foo AS SELECT 1", b"prepare", b"foo"),
+        (b"  prepare Foo(int) as select $1", b"prepare", b"foo"),
+        (b'PREPARE "Foo" AS SELECT 1', b"prepare", b"Foo"),
+        (b"-- hi\nEXECUTE foo(1, 2)", b"execute", b"foo"),
+        (b"/* x */ deallocate prepare foo", b"deallocate", b"foo"),
+        (b"DEALLOCATE ALL", b"deallocate", b""),
+        (b"DEALLOCATE PREPARE ALL", b"deallocate", b""),
+        (b"DISCARD ALL", b"discard", b""),
+    ],
+)
+def test_parse_sql_command(text: bytes, verb: bytes, name: bytes):
+    command = parse_sql_command(text)
+    assert command is not None and (command.verb, command.name) == (verb, name)
+
+
+@pytest.mark.parametrize("text", [b"SELECT 1", b"EXPLAIN EXECUTE foo", b"PREPARED", b""])
+def test_parse_sql_command_ignores_others(text: bytes):
+    assert parse_sql_command(text) is None
+
+
+# --- limits and memory ---------------------------------------------------------------------
+
+
+def test_per_client_cap():
+    link = Link(client_cap=2)
+    link.send(parse(b"a", b"SELECT 1"), parse(b"b", b"SELECT 2"), parse(b"c", b"SELECT 3"),
+              SYNC)
+    assert link.to_server.endswith(describe(b"S", b"PYPOOL_0") + SYNC)
+    link.reply(PARSE_COMPLETE, PARSE_COMPLETE,
+               error("26000", 'prepared statement "PYPOOL_0" does not exist'), ready())
+    assert link.take()[1] == (PARSE_COMPLETE + PARSE_COMPLETE + error(
+        "54000", "too many prepared statements for this client "
+        "(max_client_prepared_statements = 2)") + ready())
+
+
+def test_references_are_given_back():
+    registry = Registry()
+    link = Link(registry=registry)
+    link.send(parse(b"a", b"SELECT 1"), parse(b"b", b"SELECT 1"), parse(b"c", b"SELECT 2"),
+              SYNC)
+    link.reply(PARSE_COMPLETE, PARSE_COMPLETE, ready())
+    assert len(registry) == 2
+    link.client.close()
+    assert len(registry) == 2  # the server still has both
+    link.server.detach()
+    link.server.close()
+    assert len(registry) == 0
+
+
+def test_plain_queries_stay_on_the_hot_path():
+    link = Link()
+    link.send(query(b"SELECT 1"), query(b"SELECT 2"))
+    assert link.server.tracking == 0 and len(link.server.queue) == 2
+    link.reply(ROW_DESCRIPTION, ROW, complete(b"SELECT 1"), ready())
+    assert link.server.tracking == 0 and len(link.server.queue) == 1
