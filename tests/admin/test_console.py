@@ -128,6 +128,8 @@ def test_show_rows_that_name_things(bouncer: Pooler) -> None:
         assert config["query_wait_timeout"]["value"] == "120"
         assert config["listen_port"]["changeable"] == "no"
         assert config["default_pool_size"]["changeable"] == "yes"
+        assert config["metrics_port"]["value"] == "0"  # no metrics unless asked for
+        assert "metrics on" not in bouncer.log()
         databases = {r["name"]: r for r in show(admin, "DATABASES")}
         assert set(databases) == {"app", "bench", "postgres", "pgbouncer"}
         assert databases["app"]["database"] == "app"

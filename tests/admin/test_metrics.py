@@ -7,14 +7,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from typing import Any
 
 import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pypool.embedded import free_port
-from tests.admin.console_client import Background, app, console, row, show, wait_until
+from tests.admin.console_client import Background, app, console, row, wait_until
 from tests.conftest import Pooler
 
 pytestmark = pytest.mark.timeout(60)
@@ -170,9 +169,3 @@ def test_errors_by_kind(metrics_pooler: tuple[Pooler, int]) -> None:
     with pytest.raises(urllib.error.HTTPError, match="404"):
         scrape(p, port, "/nothing")
 
-
-def test_metrics_off_unless_a_port_is_set(bouncer: Pooler) -> None:
-    with console(bouncer) as admin:
-        config: dict[str, Any] = {r["key"]: r["value"] for r in show(admin, "CONFIG")}
-    assert config["metrics_port"] == "0"
-    assert "metrics on" not in bouncer.log()
