@@ -129,7 +129,8 @@ def kill(pooler: Pooler, arg: str) -> Reply:
         pooler.set_paused(pool, True)
         for client in list(pool.clients):
             client.fail(PoolerError("database removed"))
-        for server in list(pool.active) + list(pool.idle) + list(pool.login):
+        # Servers still logging in close as soon as they are in (the pool is paused).
+        for server in list(pool.active) + list(pool.idle):
             pooler.close_server(server, "database removed")
     return Done("KILL")
 

@@ -270,9 +270,11 @@ class Pooler:
             self._serve_waiting(pool)
 
     def tag_dirty(self, pool: Pool, reason: str) -> None:
-        """RECONNECT: replace every server of the pool, the busy ones once released."""
+        """RECONNECT: replace every server of the pool: idle ones now, busy ones once released,
+        logging-in ones once logged in (closing those now would fail the clients waiting for
+        the pool's first login, and block new logins for server_login_retry)."""
         pool.close_needed = set(pool.active) | set(pool.idle) | set(pool.login)
-        for server in list(pool.idle) + list(pool.login):
+        for server in list(pool.idle):
             self.close_server(server, reason)
         self.launch_servers(pool)
 
