@@ -24,7 +24,7 @@ from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..protocol.framing import MessageBuffer
 from . import commands, show
-from .commands import AdminError, Done, InvalidCommand, Reply, WaitFor
+from .commands import AdminError, InvalidCommand, Reply, WaitFor
 
 if TYPE_CHECKING:
     from ..net.client import ClientConnection
@@ -180,4 +180,4 @@ def open_console(pooler: Pooler, client: ClientConnection) -> None:
     client.welcome(dict(WELCOME))
 
 
-__all__ = ["AdminSession", "Done", "open_console"]
+__all__ = ["AdminSession", "open_console"]
