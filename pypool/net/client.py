@@ -82,6 +82,9 @@ _ALLOWED = {
     ClientState.ACTIVE: {ClientState.IDLE, ClientState.CLOSED},
     ClientState.CLOSED: set(),
 }
+# The same table keyed by value, with tuples: set_state runs several times per transaction
+# and an Enum's hash is a Python-level call.
+_NEXT = {state.value: tuple(targets) for state, targets in _ALLOWED.items()}
 
 # Startup parameters that are not session settings and need no tracking.
 _PLAIN_STARTUP_KEYS = frozenset({"user", "database", "replication"})
@@ -140,7 +143,7 @@ class ClientConnection(asyncio.Protocol):
         return f"C-{self.id}:{self.database}/{self.user}@{self.peer[0]}:{self.peer[1]}"
 
     def set_state(self, new: ClientState) -> None:
-        if new not in _ALLOWED[self.state]:
+        if new not in _NEXT[self.state.value]:
             raise RuntimeError(f"client {self.id}: illegal transition {self.state} -> {new}")
         self.state = new
         self.state_since = self.pooler.now()

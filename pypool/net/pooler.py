@@ -618,9 +618,11 @@ class Pooler:
         client.link_time = now
         server.request_time = now
         pool.stats.server_assignment_count += 1
-        sql = set_statements(client.params, server.params)
-        if sql:
-            server.send_hidden_query(sql)
+        server_params = server.params
+        for name, value in client.params.items():
+            if server_params.get(name) != value:
+                server.send_hidden_query(set_statements(client.params, server_params))
+                break
         data = client.take_outbox(server)
         if data:
             assert server.transport is not None
