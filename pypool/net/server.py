@@ -382,6 +382,18 @@ class ServerConnection(asyncio.Protocol):
                 else:
                     self._parameter_status(data[pos + 5 : end])
             elif kind == m.ERROR_RESPONSE:
+                if st.queue and st.queue[0][2] == prepared.OP_RENAME:
+                    # A folded segment of the client's statements: name them in the error.
+                    if end > n:
+                        break
+                    renamed = st.renamed_error(data[pos + 5 : end])
+                    if renamed is not None:
+                        client = self.client
+                        if client is not None:
+                            if out < pos:
+                                client.write(data[out:pos])
+                            client.write(renamed)
+                        out = end
                 self.pool.stats.errors["server"] = self.pool.stats.errors.get("server", 0) + 1
                 if end > n:
                     self._skip = end - n

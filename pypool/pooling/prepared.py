@@ -172,8 +172,10 @@ OP_NAMED = 6  # Bind/Describe of a named statement: kept to name it in a server 
 OP_SQL = 7  # the client's PREPARE/DEALLOCATE query: applied when its tag confirms it
 OP_HIDDEN = 8  # the pooler's own SQL-level PREPARE/DEALLOCATE: failed -> forget the name
 OP_FAIL = 9  # a Describe of PROBE sent to make the server fail: its error is replaced
+OP_RENAME = 10  # a Sync standing for a whole segment of plain requests (see _sync)
 _UNDOABLE = frozenset((OP_PARSE, OP_PARSE_HIT, OP_INJECT, OP_EVICT, OP_CLOSE, OP_SQL,
                        OP_HIDDEN))
+_COARSE = frozenset((OP_NONE, OP_NAMED))
 
 # A request: (wait, swallow, op, stmt, client name, segment, payload). `segment` counts the
 # Syncs queued before it on this server; `payload` is the synthesised reply (W_SYNTHETIC) or
@@ -330,6 +332,9 @@ class ServerStatements:
         self.readies_queued = 0
         self.readies_done = 0
         self.discarding = False  # dropping client messages up to the next Sync
+        # Whether the segment still open (no Sync yet) has requests whose replies need more
+        # than forwarding; if not, its Sync stands in for all of them (`_sync`).
+        self.open_fine = False
         self.blocked = False  # a WAIT was returned; the client waits for the queue to move
         # Requests whose effect an error may still undo, by segment: while an earlier
         # segment has some, a statement name is not looked up (WAIT), since its answer may
@@ -345,6 +350,7 @@ class ServerStatements:
         SQL-level statements (their replies are swallowed)."""
         self.client = client
         self.epoch += 1
+        self.open_fine = False
         if not client.sql:
             return b""
         out = []
@@ -406,11 +412,13 @@ class ServerStatements:
         if kind == 66:  # B
             return self._bind(data, pos, end)
         if kind == 69:  # E
-            self._push(_EXECUTE)
+            queue = self.queue
+            queue.append(_EXECUTE)  # _push, inlined: the hot path of every driver
+            if len(queue) == 1:
+                self._retrack()
             return None
         if kind == 83:  # S
-            self._push(_SYNC)
-            self.segment += 1
+            self._sync()
             return None
         if kind == 80:  # P
             return self._parse(data, pos, end)
@@ -430,13 +438,57 @@ class ServerStatements:
     def _push(self, request: Request) -> None:
         queue = self.queue
         queue.append(request)
-        if request[0] >= W_SYNC:
+        wait = request[0]
+        if wait >= W_SYNC:
             self.readies_queued += 1
-        if request[2] in _UNDOABLE:
-            segment = request[5]
-            self.undoable[segment] = self.undoable.get(segment, 0) + 1
+        op = request[2]
+        if op:
+            if op in _UNDOABLE:
+                segment = request[5]
+                self.undoable[segment] = self.undoable.get(segment, 0) + 1
+            if op != OP_NAMED:
+                self.open_fine = True
+        if request[1] or wait == W_SYNTHETIC or wait >= W_SYNC:
+            self.open_fine = True
         if len(queue) == 1:
             self._retrack()
+
+    def _sync(self) -> None:
+        """The client's Sync. When nothing in the segment it closes needs its reply read
+        (plain requests, Binds of statements the server has: the steady state of every
+        driver), the segment's requests are folded into the Sync: the hot path forwards
+        their replies and is done at the ReadyForQuery. Only the statement names are kept,
+        to name the client's in an error."""
+        queue = self.queue
+        request = _SYNC
+        if not self.open_fine and queue and queue[-1][0] < W_SYNC:
+            renames: list[tuple[Statement, bytes]] = []
+            count = 0
+            for folded in reversed(queue):
+                if folded[0] >= W_SYNC:
+                    break
+                count += 1
+                if folded[2] == OP_NAMED:
+                    stmt, name = folded[3], folded[4]
+                    assert stmt is not None and name is not None
+                    for other, other_name in renames:
+                        if other is stmt and other_name != name:
+                            # Two names for one statement: which failed? Keep them apart.
+                            count = 0
+                            break
+                    if not count:
+                        break
+                    renames.append((stmt, name))
+            if count:
+                for _ in range(count):
+                    queue.pop()
+                if renames:
+                    request = (W_SYNC, False, OP_RENAME, None, None, self.segment, renames)
+        queue.append(request)
+        self.readies_queued += 1
+        self.segment += 1
+        self.open_fine = False
+        self._retrack()
 
     def _must_wait(self) -> bool:
         """Whether a request in an earlier segment may still be undone (see `undoable`)."""
@@ -458,7 +510,7 @@ class ServerStatements:
             self.tracking = 0
             return
         head = queue[0]
-        if head is _READY or head is _SYNC:
+        if head is _READY or head is _SYNC or head[2] == OP_RENAME:
             self.tracking = 0
         elif head[0] == W_SYNTHETIC:
             self.tracking = 2
@@ -568,7 +620,10 @@ class ServerStatements:
             out = self._inject(stmt)
         if stats is not None:
             stats.bind_count += 1
-        self._push((W_BIND, False, OP_NAMED, stmt, name, 0, None))
+        queue = self.queue
+        queue.append((W_BIND, False, OP_NAMED, stmt, name, 0, None))  # _push, inlined
+        if len(queue) == 1:
+            self._retrack()
         server_name = stmt.name
         size = end - pos - 1 - len(name) + len(server_name)
         return b"".join((out, b"B", size.to_bytes(4, "big"), data[pos + 5 : portal_end + 1],
@@ -654,6 +709,7 @@ class ServerStatements:
                 out = self._inject(stmt) + m.sync()
                 self._push(_HIDDEN_SYNC)
                 self.segment += 1
+                self.open_fine = False
             text = command.text
             message = _query_message(text[: command.start] + _quote_ident(stmt.name)
                                      + text[command.end :])
@@ -794,6 +850,21 @@ class ServerStatements:
                 self._settle(request, True)
         self._retrack()
         return b"".join(out)
+
+    def renamed_error(self, body: bytes) -> bytes | None:
+        """An ErrorResponse on the hot path while a folded segment is at the head (see
+        `_sync`): the message with the client's statement name, or None if unchanged."""
+        queue = self.queue
+        if not queue or queue[0][2] != OP_RENAME:
+            return None
+        for stmt, name in queue[0][6]:
+            ours = b'"' + stmt.name + b'"'
+            if ours in body:
+                renamed = body.replace(ours, b'"' + name + b'"')
+                break
+        else:
+            return None
+        return b"E" + (len(renamed) + 4).to_bytes(4, "big") + renamed
 
     def command_tag(self, body: bytes) -> None:
         """A CommandComplete seen on the hot path (the glue calls this for tags with 'D')."""

@@ -149,6 +149,8 @@ class Link:
                     self.readies += 1
                 elif kind == ord("C") and body[:1] == b"D":
                     st.command_tag(body)
+                elif kind == ord("E"):
+                    raw = st.renamed_error(body) or raw
                 self.to_client += raw
             self.to_client += b"".join(st.to_client)
             st.to_client.clear()
@@ -605,6 +607,22 @@ def test_references_are_given_back():
     link.server.detach()
     link.server.close()
     assert len(registry) == 0
+
+
+def test_segments_of_known_statements_are_folded_into_their_sync():
+    link = Link()
+    link.send(parse(b"s1", SQL), SYNC)
+    link.reply(PARSE_COMPLETE, ready())
+    link.take()
+    link.send(bind(b"s1"), execute(), SYNC)
+    # One entry: the hot path forwards BindComplete, rows, CommandComplete; done at Z.
+    assert len(link.server.queue) == 1 and link.server.tracking == 0
+    link.reply(BIND_COMPLETE, ROW, complete(b"SELECT 1"), ready())
+    assert link.take() == (bind(b"PYPOOL_1") + execute() + SYNC,
+                           BIND_COMPLETE + ROW + complete(b"SELECT 1") + ready())
+    # A segment with a Parse to the server is not folded: its failure must be undone.
+    link.send(parse(b"s2", b"SELECT 2"), bind(b"s2"), execute(), SYNC)
+    assert len(link.server.queue) == 4 and link.server.tracking == 1
 
 
 def test_plain_queries_stay_on_the_hot_path():
