@@ -82,9 +82,10 @@ _ALLOWED = {
     ClientState.ACTIVE: {ClientState.IDLE, ClientState.CLOSED},
     ClientState.CLOSED: set(),
 }
-# The same table keyed by value, with tuples: set_state runs several times per transaction
-# and an Enum's hash is a Python-level call.
-_NEXT = {state.value: tuple(targets) for state, targets in _ALLOWED.items()}
+# The same table as a tuple on each member: set_state runs several times per transaction, and
+# an Enum's hash (a dict lookup) or `.value` is a Python-level call; attribute access is not.
+for _state, _targets in _ALLOWED.items():
+    _state.next_states = tuple(_targets)  # type: ignore[attr-defined]
 
 # Startup parameters that are not session settings and need no tracking.
 _PLAIN_STARTUP_KEYS = frozenset({"user", "database", "replication"})
@@ -143,7 +144,7 @@ class ClientConnection(asyncio.Protocol):
         return f"C-{self.id}:{self.database}/{self.user}@{self.peer[0]}:{self.peer[1]}"
 
     def set_state(self, new: ClientState) -> None:
-        if new not in _NEXT[self.state.value]:
+        if new not in self.state.next_states:  # type: ignore[attr-defined]
             raise RuntimeError(f"client {self.id}: illegal transition {self.state} -> {new}")
         self.state = new
         self.state_since = self.pooler.now()

@@ -53,6 +53,10 @@ _ALLOWED = {
     ServerState.ACTIVE: {ServerState.IDLE, ServerState.CLOSED},
     ServerState.CLOSED: set(),
 }
+# The same table as a tuple on each member: set_state runs several times per transaction, and
+# an Enum's hash (a dict lookup) or `.value` is a Python-level call; attribute access is not.
+for _state, _targets in _ALLOWED.items():
+    _state.next_states = tuple(_targets)  # type: ignore[attr-defined]
 
 _ids = iter(range(1, 1 << 62))
 
@@ -109,7 +113,7 @@ class ServerConnection(asyncio.Protocol):
     # --- state ----------------------------------------------------------------------------
 
     def set_state(self, new: ServerState) -> None:
-        if new not in _ALLOWED[self.state]:
+        if new not in self.state.next_states:  # type: ignore[attr-defined]
             raise RuntimeError(f"server {self.id}: illegal transition {self.state} -> {new}")
         self.state = new
 
