@@ -14,7 +14,7 @@ ReadyForQuery messages the client is owed (one per Query, FunctionCall and Sync 
 `unsynced` is true while extended-protocol messages were sent after the last Sync. A server
 goes back to the pool only on ReadyForQuery 'I' with pending 0 and nothing unsynced.
 
-Prepared statements (pooling/prepared.py): when they are rewritten (`statements`), Parse,
+Prepared statements (pooling/prepared/): when they are rewritten (`statements`), Parse,
 Bind, Describe, Close and Query messages are read whole and handed, with every other request,
 to the linked server's ServerStatements, which returns the bytes to send. A client with no
 server keeps whole messages in its outbox; they are rewritten when it is linked.

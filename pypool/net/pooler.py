@@ -77,7 +77,7 @@ class Pooler:
         self.auth_secrets: dict[str, str] = {}
         self.auth_query_secrets: dict[str, str] = {}
         self.scram_client_keys: dict[str, bytes] = {}
-        # Prepared statements by Parse body, shared by all pools (pooling/prepared.py).
+        # Prepared statements by Parse body, shared by all pools (pooling/prepared/).
         self.statement_registry = Registry()
         self.listeners: list[asyncio.AbstractServer] = []
         self.shutting_down = ""  # "", "SIGINT" (drain transactions) or "SIGTERM" (drain clients)

@@ -11,7 +11,7 @@ The server is never handed on while replies are owed: the release decision is ta
 ReadyForQuery with status `I` when the linked client owes nothing more (see client.py).
 Replies to queries the pooler sends itself (SET for session parameters, the reset query)
 are counted in `hidden_syncs` and swallowed up to their ReadyForQuery. While prepared
-statements are rewritten (`statements`, see pooling/prepared.py) and the request at the head
+statements are rewritten (`statements`, see pooling/prepared/) and the request at the head
 of its queue needs it, replies are read one message at a time and matched to their requests;
 a plain Query or Sync at the head leaves the hot path as it is.
 """

@@ -1,5 +1,5 @@
 """Prepared-statement rewriting, sans-IO: client messages and server replies in, the exact
-bytes each side gets out (pypool/pooling/prepared.py).
+bytes each side gets out (pypool/pooling/prepared/).
 
 `Link` plays the part of net/client.py and net/server.py: it feeds the client's messages to
 `ServerStatements.from_client` and the server's replies to `reply`/`pop_ready`, writing what

@@ -1,311 +1,73 @@
-"""Prepared statements that survive transaction pooling (`max_prepared_statements`).
+"""One server's prepared statements, the rewriting of the linked client's messages for it,
+and the queue that matches each of the server's replies to its request.
 
-A client prepares a statement in one transaction and binds it in a later one, which under
-transaction pooling may run on another server. This module makes that work. It owns the
-statement maps and the rewriting of Parse, Bind, Describe and Close; it takes client
-messages and server replies as bytes and returns bytes and verdicts. It never touches a
-socket and never imports asyncio: `net/client.py` and `net/server.py` are the glue.
-
-Theory of operation
--------------------
-Four pieces of state:
-
-* `Registry` (one per pooler): a `Statement` per distinct Parse body (query text plus
-  parameter types), with one server-side name `PYPOOL_<n>`, reference counted by the
-  clients and servers that use it.
-* `ClientStatements` (per client): the client's statement names mapped to Statements
-  (capped by max_client_prepared_statements), and its SQL-level `PREPARE`s (name -> text).
-* `ServerStatements` (per server): an LRU of the Statements prepared there, bounded by
-  max_prepared_statements; the SQL-level names prepared there; and the queue of requests
-  outstanding on the link. The linked client's ClientStatements is `client`.
-* The request queue: one entry per request sent to the server on the client's behalf, or
-  answered by the pooler itself, in the order the client sent them. Each entry says which
-  reply completes it (`W_*`), whether that reply is swallowed, and what to do when it
-  completes or when it is skipped after an error (`OP_*`).
-
-What happens to each client message (rewritten names are the server-side ones):
-
-  Parse "s"      s already mapped: 42P05 "already exists" (synthesised, as PostgreSQL would)
-                 server has the body: nothing sent, ParseComplete synthesised in order
-                 server lacks it: Parse "PYPOOL_n" sent, its ParseComplete forwarded
-  Bind/Describe  s unknown: 26000 "does not exist" (synthesised); server lacks the body:
-    "s"          Parse "PYPOOL_n" injected first, its ParseComplete swallowed
-  Close "s"      mapping dropped, CloseComplete synthesised; the server keeps the plan
-  unnamed        Parse "", Bind of "", portals: passed through untouched
-  PREPARE/EXECUTE/DEALLOCATE name as a simple Query: SQL-level statements keep the client's
-                 own name on the server (the SQL text refers to it). They are made to exist
-                 on every server the client lands on (hidden PREPAREs at link time) and a
-                 same-named statement of another client is deallocated first.
-
-A synthesised reply waits in the queue until every reply ahead of it has gone to the
-client. When the server reports an ErrorResponse for an extended-protocol request it skips
-everything up to the next Sync: those entries are dropped and their optimistic effects
-undone in reverse order (a failed Parse is forgotten by the server map and the client map,
-a skipped Close is undone). After a synthesised error the pooler itself discards the
-client's messages up to its Sync, so the server and the client agree on what ran.
-`DEALLOCATE ALL` and `DISCARD ALL`, seen in CommandComplete tags, clear the maps.
-
-A few outcomes cannot be known when a message is rewritten: a Parse of a name, or of a
-body, whose first Parse is still unanswered in an earlier Sync segment. There the pooler
-returns `WAIT`: the glue holds the client's remaining messages until the queue has moved on.
-
-Each server keeps at most max_prepared_statements; to make room, the least recently used
-statement is closed (CloseComplete swallowed), unless it was used in the current link
-(a portal made from it may still be open): then the cap is exceeded until the next link.
+`ServerStatements.from_client` takes one client message and returns what to send instead;
+`reply` takes one server message while `tracking` says replies must be read one by one and
+returns a verdict; `pop_ready` is the hot path's ReadyForQuery. The theory of operation is
+in this package's __init__.py.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..protocol import errors
-from ..protocol import messages as m
+from ...protocol import errors
+from ...protocol import messages as m
+from .registry import PROBE, ClientStatements, Registry, Statement
+from .requests import (
+    CLOSE_COMPLETE,
+    COMPLETES,
+    FORWARD,
+    HIDDEN_SYNC,
+    OP_CLOSE,
+    OP_EVICT,
+    OP_FAIL,
+    OP_HIDDEN,
+    OP_INJECT,
+    OP_NAMED,
+    OP_NONE,
+    OP_PARSE,
+    OP_PARSE_HIT,
+    OP_RENAME,
+    OP_SQL,
+    PARSE_COMPLETE,
+    PLAIN_BIND,
+    PLAIN_CLOSE,
+    PLAIN_DESCRIBE,
+    PLAIN_EXECUTE,
+    PLAIN_PARSE,
+    PLAIN_QUERY,
+    PLAIN_SYNC,
+    READY,
+    REPLACE,
+    SWALLOW,
+    UNDOABLE,
+    W_BIND,
+    W_CLOSE,
+    W_DESCRIBE,
+    W_PARSE,
+    W_READY,
+    W_SYNC,
+    W_SYNTHETIC,
+    WAIT,
+    Request,
+    Wait,
+    close_statement,
+    describe_statement,
+    error_message,
+    parse_message,
+    query_message,
+    quote_ident,
+    shown,
+)
+from .sql import SQL_FIRST, SqlCommand, parse_sql_command
 
 if TYPE_CHECKING:
-    from .pool import PoolStats
+    from ..pool import PoolStats
 
 log = logging.getLogger("pypool.prepared")
-
-PREFIX = b"PYPOOL_"
-# A name no server ever has (the registry counts from 1): what the pooler sends when it needs
-# the server to fail, or to parse something and forget it.
-PROBE = PREFIX + b"0"
-
-
-class Statement:
-    """One distinct Parse body and the name servers know it by."""
-
-    __slots__ = ("key", "name", "refs")
-
-    def __init__(self, key: bytes, name: bytes) -> None:
-        self.key = key  # the Parse body after the statement name: query, NUL, types
-        self.name = name  # server-side name, b"PYPOOL_<n>"
-        self.refs = 0  # client map entries + server LRU entries + queue entries owning one
-
-    def __repr__(self) -> str:
-        return f"<Statement {self.name.decode()} refs={self.refs}>"
-
-    def parse_message(self) -> bytes:
-        """The Parse that prepares this statement on a server under its pooler name."""
-        body = self.name + b"\x00" + self.key
-        return b"P" + (len(body) + 4).to_bytes(4, "big") + body
-
-
-class Registry:
-    """The pooler-wide Statements, keyed on the Parse body; freed when nobody refers to one."""
-
-    def __init__(self, prefix: bytes = PREFIX) -> None:
-        self.statements: dict[bytes, Statement] = {}
-        self.prefix = prefix
-        self._next = 0
-
-    def __len__(self) -> int:
-        return len(self.statements)
-
-    def acquire(self, key: bytes) -> Statement:
-        stmt = self.statements.get(key)
-        if stmt is None:
-            self._next += 1
-            stmt = Statement(key, self.prefix + str(self._next).encode())
-            self.statements[key] = stmt
-        stmt.refs += 1
-        return stmt
-
-    def hold(self, stmt: Statement) -> None:
-        """One more reference to a Statement already held by someone."""
-        stmt.refs += 1
-        if self.statements.get(stmt.key) is None:
-            self.statements[stmt.key] = stmt
-
-    def release(self, stmt: Statement) -> None:
-        stmt.refs -= 1
-        if stmt.refs <= 0 and self.statements.get(stmt.key) is stmt:
-            del self.statements[stmt.key]
-
-
-class ClientStatements:
-    """One client's prepared statements, as the client names them."""
-
-    __slots__ = ("names", "sql", "registry", "cap")
-
-    def __init__(self, registry: Registry, cap: int) -> None:
-        self.names: dict[bytes, Statement] = {}  # protocol-level: client name -> Statement
-        self.sql: dict[bytes, bytes] = {}  # SQL-level: folded name -> its PREPARE query text
-        self.registry = registry
-        self.cap = cap  # max_client_prepared_statements; 0 means no cap
-
-    def __len__(self) -> int:
-        return len(self.names) + len(self.sql)
-
-    def close(self) -> None:
-        """The client is gone: give back its references."""
-        release = self.registry.release
-        for stmt in self.names.values():
-            release(stmt)
-        self.names.clear()
-        self.sql.clear()
-
-
-# --- the request queue --------------------------------------------------------------------
-
-# What completes a queued request.
-W_SYNTHETIC = 0  # nothing from the server: the pooler answers when it reaches the head
-W_PARSE = 1  # ParseComplete
-W_BIND = 2  # BindComplete
-W_CLOSE = 3  # CloseComplete
-W_DESCRIBE = 4  # RowDescription or NoData (after a ParameterDescription for a statement)
-W_EXECUTE = 5  # CommandComplete, EmptyQueryResponse or PortalSuspended
-W_SYNC = 6  # ReadyForQuery of a Sync; an error skip stops here
-W_READY = 7  # ReadyForQuery of a Query or FunctionCall; skipped after an error like the rest
-
-# What to do when a request completes (ok) or is skipped after an error (failed).
-OP_NONE = 0
-OP_PARSE = 1  # the client's named Parse, sent: failed -> forget in server and client maps
-OP_PARSE_HIT = 2  # the client's named Parse, answered by the pooler: failed -> forget mapping
-OP_INJECT = 3  # the pooler's Parse before a Bind/Describe: failed -> forget in server map
-OP_EVICT = 4  # the pooler's Close of an LRU statement: ok -> drop ref; failed -> back in LRU
-OP_CLOSE = 5  # the client's Close, answered by the pooler: ok -> drop ref; failed -> restore
-OP_NAMED = 6  # Bind/Describe of a named statement: kept to name it in a server error
-OP_SQL = 7  # the client's PREPARE/DEALLOCATE query: applied when its tag confirms it
-OP_HIDDEN = 8  # the pooler's own SQL-level PREPARE/DEALLOCATE: failed -> forget the name
-OP_FAIL = 9  # a Describe of PROBE sent to make the server fail: its error is replaced
-OP_RENAME = 10  # a Sync standing for a whole segment of plain requests (see _sync)
-_UNDOABLE = frozenset((OP_PARSE, OP_PARSE_HIT, OP_INJECT, OP_EVICT, OP_CLOSE, OP_SQL,
-                       OP_HIDDEN))
-_COARSE = frozenset((OP_NONE, OP_NAMED))
-
-# A request: (wait, swallow, op, stmt, client name, segment, payload). `segment` counts the
-# Syncs queued before it on this server; `payload` is the synthesised reply (W_SYNTHETIC) or
-# the SqlCommand (OP_SQL).
-Request = tuple[int, bool, int, "Statement | None", "bytes | None", int, Any]
-
-_PARSE: Request = (W_PARSE, False, OP_NONE, None, None, 0, None)
-_BIND: Request = (W_BIND, False, OP_NONE, None, None, 0, None)
-_CLOSE: Request = (W_CLOSE, False, OP_NONE, None, None, 0, None)
-_DESCRIBE: Request = (W_DESCRIBE, False, OP_NONE, None, None, 0, None)
-_EXECUTE: Request = (W_EXECUTE, False, OP_NONE, None, None, 0, None)
-_SYNC: Request = (W_SYNC, False, OP_NONE, None, None, 0, None)
-_HIDDEN_SYNC: Request = (W_SYNC, True, OP_NONE, None, None, 0, None)
-_READY: Request = (W_READY, False, OP_NONE, None, None, 0, None)
-
-# Which reply completes which wait, indexed by the reply's type byte.
-_COMPLETES = [-1] * 256
-_COMPLETES[ord("1")] = W_PARSE
-_COMPLETES[ord("2")] = W_BIND
-_COMPLETES[ord("3")] = W_CLOSE
-_COMPLETES[ord("T")] = W_DESCRIBE
-_COMPLETES[ord("n")] = W_DESCRIBE
-_COMPLETES[ord("C")] = W_EXECUTE
-_COMPLETES[ord("I")] = W_EXECUTE
-_COMPLETES[ord("s")] = W_EXECUTE
-
-# Verdicts on a server reply.
-FORWARD = 0  # pass it to the client
-SWALLOW = 1  # the client must not see it
-READY = 2  # pass it: it is a ReadyForQuery the client is owed
-REPLACE = 3  # send `ServerStatements.replacement` instead
-
-PARSE_COMPLETE = m.parse_complete()
-CLOSE_COMPLETE = m.close_complete()
-
-
-class Wait:
-    """Returned for a client message whose fate depends on a reply still owed."""
-
-    def __repr__(self) -> str:
-        return "WAIT"
-
-
-WAIT = Wait()
-
-
-def _quote_ident(name: bytes) -> bytes:
-    return b'"' + name.replace(b'"', b'""') + b'"'
-
-
-def _query_message(text: bytes) -> bytes:
-    return b"Q" + (len(text) + 5).to_bytes(4, "big") + text + b"\x00"
-
-
-def _close_statement(name: bytes) -> bytes:
-    return b"C" + (len(name) + 6).to_bytes(4, "big") + b"S" + name + b"\x00"
-
-
-def _describe_statement(name: bytes) -> bytes:
-    return b"D" + (len(name) + 6).to_bytes(4, "big") + b"S" + name + b"\x00"
-
-
-def _parse_message(name: bytes, key: bytes) -> bytes:
-    return b"P" + (len(name) + len(key) + 5).to_bytes(4, "big") + name + b"\x00" + key
-
-
-def _error(sqlstate: str, text: str) -> bytes:
-    return m.error_response(text, sqlstate, "ERROR")
-
-
-def _shown(name: bytes) -> str:
-    return name.decode("utf-8", "replace")
-
-
-# --- SQL-level PREPARE / EXECUTE / DEALLOCATE / DISCARD ----------------------------------
-
-# Only bytes that can start one of the four commands (or whitespace and comments before it)
-# send a Query down the slow path.
-_SQL_FIRST = frozenset(b"PpEeDd \t\r\n-/")
-_SQL_COMMAND = re.compile(
-    rb"(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)*(prepare|execute|deallocate|discard)\b", re.I | re.S
-)
-_SQL_NAME = re.compile(
-    rb'(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)+("(?:[^"]|"")+"|[A-Za-z_\x80-\xff][A-Za-z0-9_$\x80-\xff]*)',
-    re.S,
-)
-_SQL_END = re.compile(rb"(?:\s|;)*$")
-
-
-class SqlCommand:
-    """A simple Query that starts with PREPARE, EXECUTE, DEALLOCATE or DISCARD."""
-
-    __slots__ = ("verb", "name", "start", "end", "text", "stmt", "tags", "failed")
-
-    def __init__(self, verb: bytes, name: bytes, start: int, end: int, text: bytes) -> None:
-        self.verb = verb  # b"prepare", b"execute", b"deallocate" or b"discard"
-        self.name = name  # folded statement name; b"" for ALL
-        self.start = start  # where the name is in `text`, to rewrite it
-        self.end = end
-        self.text = text
-        self.stmt: Statement | None = None  # DEALLOCATE of a protocol-level statement
-        self.tags = 0  # CommandComplete messages seen
-        self.failed = False
-
-
-def parse_sql_command(text: bytes) -> SqlCommand | None:
-    """The command and statement name of a Query text, if it is one the pooler tracks."""
-    match = _SQL_COMMAND.match(text)
-    if match is None:
-        return None
-    verb = match.group(1).lower()
-    pos = match.end()
-    if verb == b"discard":
-        return SqlCommand(verb, b"", pos, pos, text)
-    name_match = _SQL_NAME.match(text, pos)
-    if name_match is None:
-        return None
-    raw = name_match.group(1)
-    if verb == b"deallocate" and raw.lower() == b"prepare":
-        following = _SQL_NAME.match(text, name_match.end())
-        if following is not None:
-            name_match = following
-            raw = following.group(1)
-    if raw.startswith(b'"'):
-        name = raw[1:-1].replace(b'""', b'"')
-    else:
-        name = raw.lower()
-        if verb == b"deallocate" and name == b"all":
-            name = b""
-    return SqlCommand(verb, name, name_match.start(1), name_match.end(1), text)
 
 
 class ServerStatements:
@@ -360,14 +122,14 @@ class ServerStatements:
                 self.sql.move_to_end(name)
                 continue
             if have is not None:
-                out.append(self._hidden(b"DEALLOCATE " + _quote_ident(name), name, None))
+                out.append(self._hidden(b"DEALLOCATE " + quote_ident(name), name, None))
             out.append(self._hidden(text, name, text))
         while len(self.sql) > max(self.cap, len(client.sql)):
             name = next(iter(self.sql))
             if name in client.sql:
                 self.sql.move_to_end(name)
                 continue
-            out.append(self._hidden(b"DEALLOCATE " + _quote_ident(name), name, None))
+            out.append(self._hidden(b"DEALLOCATE " + quote_ident(name), name, None))
         return b"".join(out)
 
     def detach(self) -> bool:
@@ -413,7 +175,7 @@ class ServerStatements:
             return self._bind(data, pos, end)
         if kind == 69:  # E
             queue = self.queue
-            queue.append(_EXECUTE)  # _push, inlined: the hot path of every driver
+            queue.append(PLAIN_EXECUTE)  # _push, inlined: the hot path of every driver
             if len(queue) == 1:
                 self._retrack()
             return None
@@ -427,12 +189,12 @@ class ServerStatements:
         if kind == 67:  # C
             return self._close(data, pos, end)
         if kind == 81:  # Q
-            if data[pos + 5] in _SQL_FIRST:
+            if data[pos + 5] in SQL_FIRST:
                 return self._query(data, pos, end)
-            self._push(_READY)
+            self._push(PLAIN_QUERY)
             return None
         if kind == 70:  # F
-            self._push(_READY)
+            self._push(PLAIN_QUERY)
         return None  # Flush, CopyData, CopyDone, CopyFail: no reply of their own
 
     def _push(self, request: Request) -> None:
@@ -443,7 +205,7 @@ class ServerStatements:
             self.readies_queued += 1
         op = request[2]
         if op:
-            if op in _UNDOABLE:
+            if op in UNDOABLE:
                 segment = request[5]
                 self.undoable[segment] = self.undoable.get(segment, 0) + 1
             if op != OP_NAMED:
@@ -460,7 +222,7 @@ class ServerStatements:
         their replies and is done at the ReadyForQuery. Only the statement names are kept,
         to name the client's in an error."""
         queue = self.queue
-        request = _SYNC
+        request = PLAIN_SYNC
         if not self.open_fine and queue and queue[-1][0] < W_SYNC:
             renames: list[tuple[Statement, bytes]] = []
             count = 0
@@ -510,7 +272,7 @@ class ServerStatements:
             self.tracking = 0
             return
         head = queue[0]
-        if head is _READY or head is _SYNC or head[2] == OP_RENAME:
+        if head is PLAIN_QUERY or head is PLAIN_SYNC or head[2] == OP_RENAME:
             self.tracking = 0
         elif head[0] == W_SYNTHETIC:
             self.tracking = 2
@@ -522,13 +284,13 @@ class ServerStatements:
         to fail in its place (a Describe of a statement it does not have), so it skips to the
         Sync and aborts a transaction block just as it would have; its error is replaced."""
         self._push((W_DESCRIBE, False, OP_FAIL, None, None, self.segment,
-                    _error(sqlstate, text)))
-        return _describe_statement(PROBE)
+                    error_message(sqlstate, text)))
+        return describe_statement(PROBE)
 
     def _parse(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
         name_end = data.index(0, pos + 5, end)
         if name_end == pos + 5:
-            self._push(_PARSE)
+            self._push(PLAIN_PARSE)
             return None
         if self.undoable and self._must_wait():
             return WAIT
@@ -553,9 +315,9 @@ class ServerStatements:
                 target = next(reversed(lru))
                 out = b""
             self._push((W_PARSE, False, OP_NAMED, target, name, segment, None))
-            return out + _parse_message(target.name, key)
+            return out + parse_message(target.name, key)
         if name in client.sql:
-            self._push(_PARSE)  # the server has it under this name: 42P05 there
+            self._push(PLAIN_PARSE)  # the server has it under this name: 42P05 there
             return None
         if client.cap and len(client) >= client.cap:
             return self._fail(
@@ -580,7 +342,7 @@ class ServerStatements:
             # body under a throwaway name and say.
             self._push((W_PARSE, False, OP_PARSE_HIT, stmt, name, segment, None))
             self._push((W_CLOSE, True, OP_NONE, None, None, segment, None))
-            return _parse_message(PROBE, key) + _close_statement(PROBE)
+            return parse_message(PROBE, key) + close_statement(PROBE)
         if stats is not None:
             stats.prepared_misses += 1
             stats.server_parse_count += 1
@@ -594,7 +356,7 @@ class ServerStatements:
         portal_end = data.index(0, pos + 5, end)
         name_end = data.index(0, portal_end + 1, end)
         if name_end == portal_end + 1:
-            self._push(_BIND)
+            self._push(PLAIN_BIND)
             return None
         if self.undoable and self._must_wait():
             return WAIT
@@ -604,10 +366,10 @@ class ServerStatements:
         stmt = client.names.get(name)
         if stmt is None:
             if name in client.sql:
-                self._push(_BIND)
+                self._push(PLAIN_BIND)
                 return None
             return self._fail(errors.INVALID_SQL_STATEMENT_NAME,
-                              f'prepared statement "{_shown(name)}" does not exist')
+                              f'prepared statement "{shown(name)}" does not exist')
         lru = self.lru
         stats = self.stats
         if stmt in lru:
@@ -631,7 +393,7 @@ class ServerStatements:
 
     def _describe(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
         if data[pos + 5] != 83 or end - pos <= 7:  # a portal, or the unnamed statement
-            self._push(_DESCRIBE)
+            self._push(PLAIN_DESCRIBE)
             return None
         if self.undoable and self._must_wait():
             return WAIT
@@ -641,10 +403,10 @@ class ServerStatements:
         stmt = client.names.get(name)
         if stmt is None:
             if name in client.sql:
-                self._push(_DESCRIBE)
+                self._push(PLAIN_DESCRIBE)
                 return None
             return self._fail(errors.INVALID_SQL_STATEMENT_NAME,
-                              f'prepared statement "{_shown(name)}" does not exist')
+                              f'prepared statement "{shown(name)}" does not exist')
         out = self._ensure(stmt)
         self._push((W_DESCRIBE, False, OP_NAMED, stmt, name, 0, None))
         server_name = stmt.name
@@ -652,7 +414,7 @@ class ServerStatements:
 
     def _close(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
         if data[pos + 5] != 83 or end - pos <= 7:  # a portal, or the unnamed statement
-            self._push(_CLOSE)
+            self._push(PLAIN_CLOSE)
             return None
         if self.undoable and self._must_wait():
             return WAIT
@@ -668,7 +430,7 @@ class ServerStatements:
         if name in client.sql:
             del client.sql[name]
             self.sql.pop(name, None)
-            self._push(_CLOSE)
+            self._push(PLAIN_CLOSE)
             return None
         # Closing a statement that does not exist is no error in PostgreSQL either.
         self._push((W_SYNTHETIC, False, OP_NONE, None, None, self.segment, CLOSE_COMPLETE))
@@ -678,17 +440,17 @@ class ServerStatements:
         command = parse_sql_command(data[pos + 5 : end - 1])
         client = self.client
         if command is None or client is None:
-            self._push(_READY)
+            self._push(PLAIN_QUERY)
             return None
         if self.undoable and self._must_wait():
             return WAIT
         name = command.name
         out = b""
         message: bytes | None = None
-        request = _READY
+        request = PLAIN_QUERY
         if command.verb == b"prepare":
             if name not in client.sql and name in self.sql:
-                out = self._hidden(b"DEALLOCATE " + _quote_ident(name), name, None)
+                out = self._hidden(b"DEALLOCATE " + quote_ident(name), name, None)
             request = (W_READY, False, OP_SQL, None, name, self.segment, command)
         elif command.verb == b"discard" or not name:
             pass  # DISCARD ..., DEALLOCATE ALL: the CommandComplete tag tells what happened
@@ -707,11 +469,11 @@ class ServerStatements:
                 # A failed Parse would make the server skip the Query too, and the client
                 # would wait for its ReadyForQuery forever: end the Parse with a Sync.
                 out = self._inject(stmt) + m.sync()
-                self._push(_HIDDEN_SYNC)
+                self._push(HIDDEN_SYNC)
                 self.segment += 1
                 self.open_fine = False
             text = command.text
-            message = _query_message(text[: command.start] + _quote_ident(stmt.name)
+            message = query_message(text[: command.start] + quote_ident(stmt.name)
                                      + text[command.end :])
             if command.verb == b"deallocate":
                 command.stmt = stmt
@@ -721,7 +483,7 @@ class ServerStatements:
         elif name in self.sql:
             # Another client's statement of that name: drop it so the client's query fails
             # (or succeeds) as it would on a connection of its own.
-            out = self._hidden(b"DEALLOCATE " + _quote_ident(name), name, None)
+            out = self._hidden(b"DEALLOCATE " + quote_ident(name), name, None)
         self._push(request)
         if message is None:
             return out + data[pos:end] if out else None
@@ -735,7 +497,7 @@ class ServerStatements:
         else:
             self.sql[name] = prepared
         self._push((W_READY, True, OP_HIDDEN, None, name, self.segment, (prepared, before)))
-        return _query_message(text)
+        return query_message(text)
 
     def _ensure(self, stmt: Statement) -> bytes:
         """What to send first so the server has `stmt` (b"" if it has it already)."""
@@ -772,7 +534,7 @@ class ServerStatements:
                 self.stats.prepared_evictions += 1
             # The queue entry owns the LRU's reference until the CloseComplete arrives.
             self._push((W_CLOSE, True, OP_EVICT, stmt, None, self.segment, None))
-            out += _close_statement(stmt.name)
+            out += close_statement(stmt.name)
         return out
 
     # --- server replies -------------------------------------------------------------------
@@ -821,7 +583,7 @@ class ServerStatements:
                 verdict = REPLACE
             self._skip_to_sync()
             return verdict
-        if _COMPLETES[kind] == wait:
+        if COMPLETES[kind] == wait:
             queue.popleft()
             if head[2]:
                 self._settle(head, True)
@@ -907,7 +669,7 @@ class ServerStatements:
         op = request[2]
         stmt = request[3]
         name = request[4]
-        if op in _UNDOABLE:
+        if op in UNDOABLE:
             segment = request[5]
             left = self.undoable[segment] - 1
             if left:
@@ -1009,10 +771,3 @@ class ServerStatements:
             if client is not None and name is not None and name not in client.names:
                 self.registry.hold(queued)
                 client.names[name] = queued
-
-
-def totals(clients: Any, servers: Any) -> dict[str, int]:
-    """Statement counts for reporting: objects with a `statements` attribute each."""
-    client_total = sum(len(c.statements) for c in clients if c.statements is not None)
-    server_total = sum(len(s.statements.lru) for s in servers if s.statements is not None)
-    return {"client_statements": client_total, "server_statements": server_total}

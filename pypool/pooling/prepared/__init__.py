@@ -1,0 +1,84 @@
+"""Prepared statements that survive transaction pooling (`max_prepared_statements`).
+
+A client prepares a statement in one transaction and binds it in a later one, which under
+transaction pooling may run on another server. This package makes that work. It owns the
+statement maps and the rewriting of Parse, Bind, Describe and Close; it takes client
+messages and server replies as bytes and returns bytes and verdicts. It never touches a
+socket and never imports asyncio: `net/client.py` and `net/server.py` are the glue.
+docs/prepared-statements.md tells the same story for operators.
+
+  registry.py  Statement, the pooler-wide Registry, each client's ClientStatements
+  requests.py  the request queue's vocabulary: waits, undo operations, verdicts, messages
+  sql.py       recognising SQL-level PREPARE / EXECUTE / DEALLOCATE / DISCARD queries
+  rewriter.py  ServerStatements: one server's statements, the rewriting, the reply queue
+
+Theory of operation
+-------------------
+Four pieces of state:
+
+* `Registry` (one per pooler): a `Statement` per distinct Parse body (query text plus
+  parameter types), with one server-side name `PYPOOL_<n>`, reference counted by the
+  clients, servers and queued requests that use it.
+* `ClientStatements` (per client): the client's statement names mapped to Statements, and
+  its SQL-level `PREPARE`s (name -> text), together capped by
+  max_client_prepared_statements.
+* `ServerStatements` (per server): an LRU of the Statements prepared there, bounded by
+  max_prepared_statements; the SQL-level names prepared there; the queue of requests
+  outstanding on the link; `client`, the linked client's ClientStatements.
+* The request queue: one entry per request sent to the server on the client's behalf, or
+  answered by the pooler itself, in the order the client sent them. Each entry says which
+  reply completes it (`W_*`), whether that reply is swallowed, and what to do when it
+  completes or when the server skips it after an error (`OP_*`).
+
+What happens to each client message (`PYPOOL_n` is the server-side name):
+
+  Parse "s"      server lacks the body: Parse "PYPOOL_n" sent, its reply forwarded
+                 server has it: nothing sent, ParseComplete synthesised in its turn (or, when
+                 the server may be in a failed transaction, the body parsed under PYPOOL_0
+                 and closed, so the server answers 25P02 as it would)
+                 s already exists: sent as a Parse of a name the server has, so the server
+                 fails it exactly as PostgreSQL would (42P05, or a syntax error first, or
+                 25P02) and skips to the Sync; the error names "s"
+  Bind/Describe  server lacks the body: Parse "PYPOOL_n" injected first, reply swallowed
+    "s"          s unknown: the server fails a Describe of PYPOOL_0 in its place, and its
+                 error is replaced by PostgreSQL's 26000 for "s"
+  Close "s"      mapping dropped, CloseComplete synthesised; the server keeps the plan
+  unnamed        Parse "", Bind of "", portals: passed through untouched
+  PREPARE/EXECUTE/DEALLOCATE name as a simple Query: SQL-level statements keep the client's
+                 own name on the server (the SQL text refers to it). They are made to exist
+                 on every server the client lands on (hidden PREPAREs at link time), and a
+                 same-named statement of another client is deallocated first. EXECUTE and
+                 DEALLOCATE of a protocol-level statement use its server-side name.
+
+Errors are never made up where the server can be made to produce them: the server then
+aborts a transaction block and skips to the Sync exactly as a direct connection would.
+When it reports an ErrorResponse for an extended-protocol request, queued entries up to the
+next Sync are dropped and their optimistic effects undone in reverse order (a failed Parse
+is forgotten by the server map and the client map, a skipped Close is undone).
+`DEALLOCATE ALL` and `DISCARD ALL`, seen in CommandComplete tags, clear the maps.
+
+Replies are read one by one only while the request at the head of the queue needs it. When
+a Sync closes a segment of plain requests (Bind and Execute of statements the server has:
+the steady state of every driver), they are folded into the Sync, and the hot path carries
+the whole segment to its ReadyForQuery.
+
+A rewrite relies on what the earlier requests will have done. Within one Sync segment an
+error skips everything after it, so that holds; across segments it may not. So while a
+request of an earlier segment may still be undone, a statement name is not looked up: the
+rewriter returns `WAIT` and the glue holds the client's messages until the queue moves on.
+
+Each server keeps at most max_prepared_statements; to make room, the least recently used
+statement is closed (CloseComplete swallowed), unless it was used in the current link
+(a portal made from it may still be open): then the cap is exceeded until the next link.
+"""
+
+from .registry import PREFIX, PROBE, ClientStatements, Registry, Statement, totals
+from .requests import FORWARD, OP_RENAME, READY, REPLACE, SWALLOW, WAIT, Wait
+from .rewriter import ServerStatements
+from .sql import SqlCommand, parse_sql_command
+
+__all__ = [
+    "FORWARD", "OP_RENAME", "PREFIX", "PROBE", "READY", "REPLACE", "SWALLOW", "WAIT",
+    "ClientStatements", "Registry", "ServerStatements", "SqlCommand", "Statement", "Wait",
+    "parse_sql_command", "totals",
+]

@@ -1,0 +1,98 @@
+"""The pooler-wide registry of prepared statements and each client's names for them.
+
+A `Statement` is one distinct Parse body (query text and parameter types) under one
+server-side name, `PYPOOL_<n>`. The `Registry` hands them out, keyed on the body, and
+forgets one when nobody refers to it any more: client maps, server LRUs and queued requests
+each hold a reference. `ClientStatements` is one client's map from its own statement names
+to Statements, and its SQL-level PREPAREs. Nothing here touches a socket.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PREFIX = b"PYPOOL_"
+# A name no server ever has (the registry counts from 1): what the pooler sends when it needs
+# the server to fail, or to parse something and forget it.
+PROBE = PREFIX + b"0"
+
+
+class Statement:
+    """One distinct Parse body and the name servers know it by."""
+
+    __slots__ = ("key", "name", "refs")
+
+    def __init__(self, key: bytes, name: bytes) -> None:
+        self.key = key  # the Parse body after the statement name: query, NUL, types
+        self.name = name  # server-side name, b"PYPOOL_<n>"
+        self.refs = 0  # client map entries + server LRU entries + queue entries owning one
+
+    def __repr__(self) -> str:
+        return f"<Statement {self.name.decode()} refs={self.refs}>"
+
+    def parse_message(self) -> bytes:
+        """The Parse that prepares this statement on a server under its pooler name."""
+        body = self.name + b"\x00" + self.key
+        return b"P" + (len(body) + 4).to_bytes(4, "big") + body
+
+
+class Registry:
+    """The pooler-wide Statements, keyed on the Parse body; freed when nobody refers to one."""
+
+    def __init__(self, prefix: bytes = PREFIX) -> None:
+        self.statements: dict[bytes, Statement] = {}
+        self.prefix = prefix
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self.statements)
+
+    def acquire(self, key: bytes) -> Statement:
+        stmt = self.statements.get(key)
+        if stmt is None:
+            self._next += 1
+            stmt = Statement(key, self.prefix + str(self._next).encode())
+            self.statements[key] = stmt
+        stmt.refs += 1
+        return stmt
+
+    def hold(self, stmt: Statement) -> None:
+        """One more reference to a Statement already held by someone."""
+        stmt.refs += 1
+        if self.statements.get(stmt.key) is None:
+            self.statements[stmt.key] = stmt
+
+    def release(self, stmt: Statement) -> None:
+        stmt.refs -= 1
+        if stmt.refs <= 0 and self.statements.get(stmt.key) is stmt:
+            del self.statements[stmt.key]
+
+
+class ClientStatements:
+    """One client's prepared statements, as the client names them."""
+
+    __slots__ = ("names", "sql", "registry", "cap")
+
+    def __init__(self, registry: Registry, cap: int) -> None:
+        self.names: dict[bytes, Statement] = {}  # protocol-level: client name -> Statement
+        self.sql: dict[bytes, bytes] = {}  # SQL-level: folded name -> its PREPARE query text
+        self.registry = registry
+        self.cap = cap  # max_client_prepared_statements; 0 means no cap
+
+    def __len__(self) -> int:
+        return len(self.names) + len(self.sql)
+
+    def close(self) -> None:
+        """The client is gone: give back its references."""
+        release = self.registry.release
+        for stmt in self.names.values():
+            release(stmt)
+        self.names.clear()
+        self.sql.clear()
+
+
+def totals(clients: Any, servers: Any) -> dict[str, int]:
+    """Statement counts for reporting: objects with a `statements` attribute each."""
+    client_total = sum(len(c.statements) for c in clients if c.statements is not None)
+    server_total = sum(len(s.statements.lru) for s in servers if s.statements is not None)
+    return {"client_statements": client_total, "server_statements": server_total}
