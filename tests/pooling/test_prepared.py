@@ -625,6 +625,30 @@ def test_segments_of_known_statements_are_folded_into_their_sync():
     assert len(link.server.queue) == 4 and link.server.tracking == 1
 
 
+def test_unnamed_extended_segments_are_folded():
+    link = Link()
+    link.send(parse(b"", SQL), bind(b"", params=(b"1",)), describe(b"P", b""), execute(), SYNC)
+    assert len(link.server.queue) == 1 and link.server.tracking == 0
+    link.reply(PARSE_COMPLETE, BIND_COMPLETE, NO_DATA, complete(b"SELECT 1"), ready())
+    assert link.readies == 1 and not link.server.queue
+
+
+def test_two_names_for_one_statement_in_a_segment_are_not_folded():
+    link = Link()
+    link.send(parse(b"a", SQL), parse(b"b", SQL), SYNC)
+    link.reply(PARSE_COMPLETE, ready())
+    link.take()
+    link.send(bind(b"a", params=(b"1",)), execute(), bind(b"b", params=(b"1", b"2")),
+              execute(), SYNC)
+    assert len(link.server.queue) == 5  # an error must say whether it was a's or b's Bind
+    link.reply(BIND_COMPLETE, complete(b"SELECT 1"),
+               error("08P01", 'bind message supplies 2 parameters, but prepared statement '
+                              '"PYPOOL_1" requires 1'), ready())
+    assert link.take()[1].endswith(error(
+        "08P01", 'bind message supplies 2 parameters, but prepared statement "b" requires 1')
+        + ready())
+
+
 def test_plain_queries_stay_on_the_hot_path():
     link = Link()
     link.send(query(b"SELECT 1"), query(b"SELECT 2"))

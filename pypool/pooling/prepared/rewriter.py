@@ -97,6 +97,8 @@ class ServerStatements:
         # Whether the segment still open (no Sync yet) has requests whose replies need more
         # than forwarding; if not, its Sync stands in for all of them (`_sync`).
         self.open_fine = False
+        self.open_count = 0  # requests queued since the last Sync
+        self.open_renames: list[tuple[Statement, bytes]] = []  # their statement names
         self.blocked = False  # a WAIT was returned; the client waits for the queue to move
         # Requests whose effect an error may still undo, by segment: while an earlier
         # segment has some, a statement name is not looked up (WAIT), since its answer may
@@ -113,6 +115,8 @@ class ServerStatements:
         self.client = client
         self.epoch += 1
         self.open_fine = False
+        self.open_count = 0
+        self.open_renames.clear()
         if not client.sql:
             return b""
         out = []
@@ -171,21 +175,35 @@ class ServerStatements:
             if kind != 83:  # S
                 return b""
             self.discarding = False
-        if kind == 66:  # B
-            return self._bind(data, pos, end)
+        # The unnamed statement and portals, Execute: queued as they are (`_push`, inlined:
+        # the hot path of every driver).
         if kind == 69:  # E
-            queue = self.queue
-            queue.append(PLAIN_EXECUTE)  # _push, inlined: the hot path of every driver
-            if len(queue) == 1:
-                self._retrack()
-            return None
-        if kind == 83:  # S
+            plain = PLAIN_EXECUTE
+        elif kind == 66:  # B
+            if data[pos + 5] or data[pos + 6]:
+                return self._bind(data, pos, end)
+            plain = PLAIN_BIND
+        elif kind == 83:  # S
             self._sync()
             return None
-        if kind == 80:  # P
-            return self._parse(data, pos, end)
-        if kind == 68:  # D
-            return self._describe(data, pos, end)
+        elif kind == 80:  # P
+            if data[pos + 5]:
+                return self._parse(data, pos, end)
+            plain = PLAIN_PARSE
+        elif kind == 68:  # D
+            if data[pos + 5] != 80:  # "P"
+                return self._describe(data, pos, end)
+            plain = PLAIN_DESCRIBE
+        else:
+            return self._other(kind, data, pos, end)
+        queue = self.queue
+        queue.append(plain)
+        self.open_count += 1
+        if len(queue) == 1:
+            self._retrack()
+        return None
+
+    def _other(self, kind: int, data: bytes, pos: int, end: int) -> bytes | Wait | None:
         if kind == 67:  # C
             return self._close(data, pos, end)
         if kind == 81:  # Q
@@ -200,6 +218,7 @@ class ServerStatements:
     def _push(self, request: Request) -> None:
         queue = self.queue
         queue.append(request)
+        self.open_count += 1
         wait = request[0]
         if wait >= W_SYNC:
             self.readies_queued += 1
@@ -210,6 +229,10 @@ class ServerStatements:
                 self.undoable[segment] = self.undoable.get(segment, 0) + 1
             if op != OP_NAMED:
                 self.open_fine = True
+            elif wait < W_SYNC:
+                stmt, name = request[3], request[4]
+                assert stmt is not None and name is not None
+                self.open_renames.append((stmt, name))
         if request[1] or wait == W_SYNTHETIC or wait >= W_SYNC:
             self.open_fine = True
         if len(queue) == 1:
@@ -223,33 +246,28 @@ class ServerStatements:
         to name the client's in an error."""
         queue = self.queue
         request = PLAIN_SYNC
-        if not self.open_fine and queue and queue[-1][0] < W_SYNC:
-            renames: list[tuple[Statement, bytes]] = []
-            count = 0
-            for folded in reversed(queue):
-                if folded[0] >= W_SYNC:
-                    break
-                count += 1
-                if folded[2] == OP_NAMED:
-                    stmt, name = folded[3], folded[4]
-                    assert stmt is not None and name is not None
-                    for other, other_name in renames:
-                        if other is stmt and other_name != name:
-                            # Two names for one statement: which failed? Keep them apart.
-                            count = 0
-                            break
-                    if not count:
-                        break
-                    renames.append((stmt, name))
+        if not self.open_fine and self.open_count:
+            # The segment's requests are the last ones queued (those already answered, if
+            # any, were taken from the front).
+            count = min(self.open_count, len(queue))
+            renames = self.open_renames
+            for i, (stmt, name) in enumerate(renames):
+                for other, other_name in renames[:i]:
+                    if other is stmt and other_name != name:
+                        # Two names for one statement: which failed? Keep them apart.
+                        count = 0
             if count:
                 for _ in range(count):
                     queue.pop()
                 if renames:
                     request = (W_SYNC, False, OP_RENAME, None, None, self.segment, renames)
+                    self.open_renames = []
         queue.append(request)
         self.readies_queued += 1
         self.segment += 1
         self.open_fine = False
+        self.open_count = 0
+        self.open_renames.clear()
         self._retrack()
 
     def _must_wait(self) -> bool:
@@ -384,6 +402,8 @@ class ServerStatements:
             stats.bind_count += 1
         queue = self.queue
         queue.append((W_BIND, False, OP_NAMED, stmt, name, 0, None))  # _push, inlined
+        self.open_count += 1
+        self.open_renames.append((stmt, name))
         if len(queue) == 1:
             self._retrack()
         server_name = stmt.name
