@@ -193,6 +193,8 @@ class ClientConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             if self.state is ClientState.ACTIVE or self.state is ClientState.IDLE:
+                if self.pool is not None:  # None on the admin console
+                    self.pool.stats.bytes_received += len(data)
                 self._relay(data)
             elif self.state is ClientState.WAITING:
                 self._relay(data)
@@ -478,8 +480,7 @@ class ClientConnection(asyncio.Protocol):
                     self._forward(self._rewritten(data, pos, parts, start))
                 raise errors.ClientProtocolError(f"unsupported pkt type: {kind}")
             if self.admin is not None and kind != m.QUERY:
-                raise PoolerError("admin console supports only simple queries",
-                                  errors.PROTOCOL_VIOLATION, fatal=False)
+                raise PoolerError("extended query protocol not supported by admin console")
             pos += size
         if pos > n:
             self._skip = pos - n
@@ -537,7 +538,15 @@ class ClientConnection(asyncio.Protocol):
             kind = data[pos]
             end = pos + 1 + int.from_bytes(data[pos + 1 : pos + 5], "big")
             if kind in _REQUESTS:
-                out = st.from_client(kind, data, pos, end)
+                try:
+                    out = st.from_client(kind, data, pos, end)
+                except (ValueError, IndexError):
+                    # A malformed message: send what came before it, then drop the client
+                    # (not from here: this may run inside the server's relay).
+                    exc = errors.ClientProtocolError(f"malformed message of type {chr(kind)!r}")
+                    self.pooler.loop.call_soon(self.fail, exc)
+                    n = pos
+                    break
                 if out is not None:
                     if out is prepared.WAIT:
                         self._blocked = True

@@ -191,6 +191,7 @@ class ServerConnection(asyncio.Protocol):
         if self.state is ServerState.LOGIN:
             self._login_data(data)
         else:
+            self.pool.stats.bytes_sent += len(data)  # what goes on to clients, give or take
             self._relay(data)
 
     def _login_data(self, data: bytes) -> None:

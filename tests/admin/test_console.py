@@ -246,6 +246,25 @@ def test_prepared_statements_are_counted(bouncer: Pooler) -> None:
         assert stats["total_bind_count"] == 2
 
 
+def test_bytes_are_counted(bouncer: Pooler) -> None:
+    with app(bouncer) as client, console(bouncer) as admin:
+        before = row(admin, "STATS", database="app")
+        rows = client.execute("SELECT repeat('x', 1000) FROM generate_series(1, 100)").fetchall()
+        assert len(rows) == 100
+        after = row(admin, "STATS", database="app")
+    # One query out, 100 rows of 1,000 bytes back (plus headers and ReadyForQuery).
+    assert after["total_received"] - before["total_received"] >= 50
+    assert after["total_sent"] - before["total_sent"] >= 100 * 1000
+
+
+def test_extended_protocol_on_the_console_is_refused(bouncer: Pooler) -> None:
+    with console(bouncer) as admin:
+        with pytest.raises(psycopg.OperationalError,
+                           match="extended query protocol not supported by admin console"):
+            admin.execute("SHOW POOLS WHERE %s", (1,))
+        assert admin.closed or admin.broken
+
+
 # --- commands ---------------------------------------------------------------------------
 
 
