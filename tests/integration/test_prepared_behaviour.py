@@ -261,3 +261,17 @@ async def test_counters(pooler):
     assert row["total_bind_count"] == "3"
     for wire in (pooled, admin):
         await wire.close()
+
+
+async def test_malformed_message_while_waiting_for_a_server(pooler):
+    p = pooler(ini_overrides={"default_pool_size": "1"})
+    holder, bad, good = await connect(p), await connect(p), await connect(p)
+    await holder.run(Q("BEGIN"))  # the only server: the next clients wait
+    bad.send(pgwire.message(b"B", b"no terminating NULs"), S())
+    await holder.run(Q("COMMIT"))  # bad is linked now, and its Bind cannot be read
+    kind, body = await bad.read()
+    assert kind == b"E" and pgwire.error_fields(body)["C"] == "08P01"
+    got = await good.run(P("s1", "SELECT 1"), B("", "s1"), E(), S())
+    assert kinds(got) == "12DCZ"
+    for wire in (holder, good):
+        await wire.close()
