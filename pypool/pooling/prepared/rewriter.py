@@ -70,6 +70,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("pypool.prepared")
 
 
+def _ambiguous(renames: list[tuple[Statement, bytes]]) -> bool:
+    """Whether one statement goes by two client names in these."""
+    seen: dict[int, bytes] = {}
+    return any(seen.setdefault(id(stmt), name) != name for stmt, name in renames)
+
+
 class ServerStatements:
     """One server's prepared statements and the requests outstanding on it."""
 
@@ -200,7 +206,7 @@ class ServerStatements:
         queue.append(plain)
         self.open_count += 1
         if len(queue) == 1:
-            self._retrack()
+            self.tracking = 1  # what _retrack would say of these at the head
         return None
 
     def _other(self, kind: int, data: bytes, pos: int, end: int) -> bytes | Wait | None:
@@ -251,11 +257,8 @@ class ServerStatements:
             # any, were taken from the front).
             count = min(self.open_count, len(queue))
             renames = self.open_renames
-            for i, (stmt, name) in enumerate(renames):
-                for other, other_name in renames[:i]:
-                    if other is stmt and other_name != name:
-                        # Two names for one statement: which failed? Keep them apart.
-                        count = 0
+            if len(renames) > 1 and _ambiguous(renames):
+                count = 0  # two names for one statement: which failed? Keep them apart.
             if count:
                 for _ in range(count):
                     queue.pop()
@@ -405,7 +408,7 @@ class ServerStatements:
         self.open_count += 1
         self.open_renames.append((stmt, name))
         if len(queue) == 1:
-            self._retrack()
+            self.tracking = 1
         server_name = stmt.name
         size = end - pos - 1 - len(name) + len(server_name)
         return b"".join((out, b"B", size.to_bytes(4, "big"), data[pos + 5 : portal_end + 1],
