@@ -181,6 +181,13 @@ class ServerStatements:
             if kind != 83:  # S
                 return b""
             self.discarding = False
+        if kind == 81 and data[pos + 5] not in SQL_FIRST:  # Q: the simple protocol's hot path
+            queue = self.queue
+            queue.append(PLAIN_QUERY)  # `_push`, inlined; at the head it needs no tracking
+            self.readies_queued += 1
+            self.open_count += 1
+            self.open_fine = True
+            return None
         # The unnamed statement and portals, Execute: queued as they are (`_push`, inlined:
         # the hot path of every driver).
         if kind == 69:  # E
@@ -619,10 +626,12 @@ class ServerStatements:
     def pop_ready(self, status: int) -> None:
         """A ReadyForQuery went by on the hot path: its request (a plain Sync or Query at the
         head) is done."""
-        self.queue.popleft()
+        queue = self.queue
+        queue.popleft()
         self.readies_done += 1
         self.tx_status = status
-        self._advance()
+        if queue:
+            self._advance()
 
     def emit_synthetic(self) -> bytes:
         """Answer the requests at the head that the pooler answers itself."""
