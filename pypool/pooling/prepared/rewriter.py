@@ -99,7 +99,9 @@ class ServerStatements:
         self.tx_status = 73  # "I"
         self.readies_queued = 0
         self.readies_done = 0
-        self.discarding = False  # dropping client messages up to the next Sync
+        # A server error came before the client's Sync: the server skips the client's
+        # messages up to it, so they are dropped here (and not queued) until then.
+        self.discarding = False
         # Whether the segment still open (no Sync yet) has requests whose replies need more
         # than forwarding; if not, its Sync stands in for all of them (`_sync`).
         self.open_fine = False
