@@ -193,6 +193,8 @@ class ClientConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             if self.state is ClientState.ACTIVE or self.state is ClientState.IDLE:
+                if self.pool is not None:  # None on the admin console
+                    self.pool.stats.bytes_received += len(data)
                 self._relay(data)
             elif self.state is ClientState.WAITING:
                 self._relay(data)
@@ -478,8 +480,7 @@ class ClientConnection(asyncio.Protocol):
                     self._forward(self._rewritten(data, pos, parts, start))
                 raise errors.ClientProtocolError(f"unsupported pkt type: {kind}")
             if self.admin is not None and kind != m.QUERY:
-                raise PoolerError("admin console supports only simple queries",
-                                  errors.PROTOCOL_VIOLATION, fatal=False)
+                raise PoolerError("extended query protocol not supported by admin console")
             pos += size
         if pos > n:
             self._skip = pos - n
