@@ -53,6 +53,7 @@ from ..protocol.startup import (
     parse_startup_packet,
     startup_packet_size,
 )
+from .flow_control import ReadingSwitch
 
 if TYPE_CHECKING:
     from ..admin.console import AdminSession
@@ -93,7 +94,7 @@ _PLAIN_STARTUP_KEYS = frozenset({"user", "database", "replication"})
 _ids = iter(range(1, 1 << 62))
 
 
-class ClientConnection(asyncio.Protocol):
+class ClientConnection(ReadingSwitch, asyncio.Protocol):
     """A client of the pooler, from its first byte to its Terminate."""
 
     def __init__(self, pooler: Pooler) -> None:
@@ -175,16 +176,6 @@ class ClientConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.server is not None:
             self.server.resume_reading()
-
-    def pause_reading(self) -> None:
-        if not self._reading_paused and self.transport is not None:
-            self._reading_paused = True
-            self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self._reading_paused and self.transport is not None:
-            self._reading_paused = False
-            self.transport.resume_reading()
 
     def write(self, data: bytes) -> None:
         if self.transport is not None:

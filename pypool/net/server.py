@@ -29,6 +29,7 @@ from ..auth.scram import MECHANISM, ScramAuthError, ScramClientLogin, ScramVerif
 from ..pooling import prepared
 from ..protocol import messages as m
 from ..protocol.framing import MessageBuffer
+from .flow_control import ReadingSwitch
 
 if TYPE_CHECKING:
     from ..pooling.pool import Pool
@@ -69,7 +70,7 @@ class ServerLoginError(Exception):
         self.error = error
 
 
-class ServerConnection(asyncio.Protocol):
+class ServerConnection(ReadingSwitch, asyncio.Protocol):
     """A server connection. The pooler owns it; a client borrows it for a transaction."""
 
     def __init__(
@@ -156,16 +157,6 @@ class ServerConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.client is not None:
             self.client.resume_reading()
-
-    def pause_reading(self) -> None:
-        if not self._reading_paused and self.transport is not None:
-            self._reading_paused = True
-            self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self._reading_paused and self.transport is not None:
-            self._reading_paused = False
-            self.transport.resume_reading()
 
     def close(self, reason: str) -> None:
         """Close now. The pooler is told through connection_lost."""

@@ -9,31 +9,16 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
 
 import asyncpg
 import psycopg
 import pytest
 
+from tests.integration.app_client import CONNECT_TIMEOUT, connect
+from tests.integration.polling import wait_for
+
 pytestmark = pytest.mark.timeout(30)
 
-CONNECT_TIMEOUT = 5
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-
-
-def connect(dsn: str) -> psycopg.Connection:
-    return psycopg.connect(
-        dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, prepare_threshold=None
-    )
 
 
 def running(postgres, marker: str) -> int:

@@ -19,10 +19,10 @@ import psycopg
 import pytest
 
 from pypool.embedded import EmbeddedPostgres
+from tests.integration.app_client import CONNECT_TIMEOUT
 
 pytestmark = pytest.mark.timeout(60)
 
-CONNECT_TIMEOUT = 5
 
 
 @contextmanager

@@ -21,30 +21,15 @@ import psycopg
 import pytest
 
 from pypool.embedded import EmbeddedPostgres
+from tests.integration.app_client import connect
+from tests.integration.polling import wait_for
 
 pytestmark = pytest.mark.timeout(40)
 
-CONNECT_TIMEOUT = 5
 TERMINATE_APP_BACKENDS = (
     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
     " WHERE datname = 'app' AND usename = 'app' AND backend_type = 'client backend'"
 )
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-
-
-def connect(dsn: str) -> psycopg.Connection:
-    return psycopg.connect(
-        dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, prepare_threshold=None
-    )
 
 
 def settle(postgres: EmbeddedPostgres, pg_activity: Callable[..., int]) -> None:

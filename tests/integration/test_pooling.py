@@ -17,24 +17,14 @@ import psycopg
 import pytest
 
 from pypool.embedded import EmbeddedPostgres
+from tests.integration.app_client import CONNECT_TIMEOUT, connect
+from tests.integration.polling import wait_for
 
 pytestmark = pytest.mark.timeout(40)
 
-CONNECT_TIMEOUT = 5
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    """Poll `predicate` until it is true or `timeout` seconds pass; its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
 
 
 def settle(postgres: EmbeddedPostgres, pg_activity: Callable[..., int],
@@ -42,12 +32,6 @@ def settle(postgres: EmbeddedPostgres, pg_activity: Callable[..., int],
     """Wait for backends left over from an earlier test's pooler to exit."""
     assert wait_for(lambda: pg_activity(postgres, dbname, "app") == 0, 5), (
         f"{pg_activity(postgres, dbname, 'app')} stale server connections on {dbname}"
-    )
-
-
-def connect(dsn: str, **kwargs: object) -> psycopg.Connection:
-    return psycopg.connect(
-        dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, prepare_threshold=None, **kwargs
     )
 
 

@@ -12,20 +12,15 @@ import asyncpg
 import psycopg
 import pytest
 
+from tests.integration.app_client import CONNECT_TIMEOUT, connect
+
 pytestmark = pytest.mark.timeout(30)
 
-CONNECT_TIMEOUT = 5
 SETTINGS_SQL = (
     "SELECT current_setting('DateStyle'), current_setting('IntervalStyle'),"
     " current_setting('TimeZone'), current_setting('application_name'),"
     " current_setting('standard_conforming_strings'), pg_backend_pid()"
 )
-
-
-def connect(dsn: str, **kwargs: object) -> psycopg.Connection:
-    return psycopg.connect(
-        dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, prepare_threshold=None, **kwargs
-    )
 
 
 def server_defaults(postgres) -> tuple[str, str, str]:

@@ -15,26 +15,11 @@ import psycopg
 import pytest
 
 from pypool.embedded import EmbeddedPostgres, free_port
+from tests.integration.app_client import connect
+from tests.integration.polling import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
-CONNECT_TIMEOUT = 5
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-
-
-def connect(dsn: str) -> psycopg.Connection:
-    return psycopg.connect(
-        dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, prepare_threshold=None
-    )
 
 
 def settle(postgres: EmbeddedPostgres, pg_activity: Callable[..., int]) -> None:
