@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from pypool.embedded import EmbeddedPostgres, free_port
@@ -96,6 +97,24 @@ def pg_activity() -> Callable[..., int]:
 
 
 # -- the pooler under test ------------------------------------------------------------
+
+
+@pytest.fixture
+def app_table(postgres: EmbeddedPostgres) -> Iterator[str]:
+    """A fresh table `(x int)` in db app, owned by role app; dropped afterwards."""
+    name = f"t_{time.monotonic_ns()}"
+    with psycopg.connect(postgres.dsn("app", APP_USER, APP_PASSWORD), autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (x int)")
+    yield name
+    with psycopg.connect(postgres.dsn("app", APP_USER, APP_PASSWORD), autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def rows_in(postgres: EmbeddedPostgres, table: str) -> int:
+    """How many rows `table` in db app holds, read directly from PostgreSQL."""
+    rows = postgres.execute(f"SELECT count(*) FROM {table}", dbname="app")
+    assert rows is not None
+    return int(rows[0][0])
 
 
 def _quote_userlist(value: str) -> str:

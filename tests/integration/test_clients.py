@@ -146,7 +146,7 @@ def test_pgbench_extended_protocol(postgres, pooler) -> None:
 
 
 @pytest.fixture
-def app_table(postgres: EmbeddedPostgres) -> Iterator[str]:
+def worker_table(postgres: EmbeddedPostgres) -> Iterator[str]:
     name = f"t_clients_{time.monotonic_ns()}"
     with psycopg.connect(postgres.dsn("app", "app", "app-secret"), autocommit=True) as conn:
         conn.execute(f"CREATE TABLE {name} (worker int, n int, label text)")
@@ -155,7 +155,7 @@ def app_table(postgres: EmbeddedPostgres) -> Iterator[str]:
         conn.execute(f"DROP TABLE IF EXISTS {name}")
 
 
-async def test_asyncpg_without_statement_cache(postgres, pooler, app_table) -> None:
+async def test_asyncpg_without_statement_cache(postgres, pooler, worker_table) -> None:
     p = pooler()
 
     async def worker(w: int) -> None:
@@ -166,21 +166,21 @@ async def test_asyncpg_without_statement_cache(postgres, pooler, app_table) -> N
             row = await conn.fetchrow("SELECT $1::text AS label, $2::int AS n", f"w{w}", w)
             assert row is not None and (row["label"], row["n"]) == (f"w{w}", w)
             await conn.executemany(
-                f"INSERT INTO {app_table} VALUES ($1, $2, $3)",
+                f"INSERT INTO {worker_table} VALUES ($1, $2, $3)",
                 [(w, n, f"w{w}-{n}") for n in range(10)],
             )
             async with conn.transaction():
-                await conn.execute(f"INSERT INTO {app_table} VALUES ($1, 100, 'kept')", w)
+                await conn.execute(f"INSERT INTO {worker_table} VALUES ($1, 100, 'kept')", w)
                 got = [r["n"] async for r in conn.cursor(
-                    f"SELECT n FROM {app_table} WHERE worker = $1 ORDER BY n", w, prefetch=3
+                    f"SELECT n FROM {worker_table} WHERE worker = $1 ORDER BY n", w, prefetch=3
                 )]
                 assert got == [*range(10), 100]
             with pytest.raises(asyncpg.UniqueViolationError):
                 async with conn.transaction():
-                    await conn.execute(f"INSERT INTO {app_table} VALUES ($1, 200, 'lost')", w)
+                    await conn.execute(f"INSERT INTO {worker_table} VALUES ($1, 200, 'lost')", w)
                     raise asyncpg.UniqueViolationError("roll back")
             count = await conn.fetchval(
-                f"SELECT count(*) FROM {app_table} WHERE worker = $1", w
+                f"SELECT count(*) FROM {worker_table} WHERE worker = $1", w
             )
             assert count == 11
         finally:
@@ -190,7 +190,7 @@ async def test_asyncpg_without_statement_cache(postgres, pooler, app_table) -> N
         await asyncio.wait_for(asyncio.gather(*(worker(w) for w in range(12))), 40)
     assert 1 <= peak[0] <= 5, peak
     rows = postgres.execute(
-        f"SELECT count(*), count(DISTINCT worker) FROM {app_table} WHERE label <> 'lost'",
+        f"SELECT count(*), count(DISTINCT worker) FROM {worker_table} WHERE label <> 'lost'",
         dbname="app",
     )
     assert rows == [(12 * 11, 12)]

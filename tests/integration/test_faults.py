@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -34,16 +34,6 @@ TERMINATE_APP_BACKENDS = (
 
 def settle(postgres: EmbeddedPostgres, pg_activity: Callable[..., int]) -> None:
     assert wait_for(lambda: pg_activity(postgres) == 0, 5), "stale server connections"
-
-
-@pytest.fixture
-def app_table(postgres: EmbeddedPostgres) -> Iterator[str]:
-    name = f"t_faults_{time.monotonic_ns()}"
-    with psycopg.connect(postgres.dsn("app", "app", "app-secret"), autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (x int)")
-    yield name
-    with psycopg.connect(postgres.dsn("app", "app", "app-secret"), autocommit=True) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 def _open_servers(conns: list[psycopg.Connection]) -> set[int]:

@@ -9,12 +9,12 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 
 from pypool.embedded import EmbeddedPostgres
+from tests.conftest import rows_in
 from tests.integration.app_client import CONNECT_TIMEOUT, connect
 from tests.integration.polling import wait_for
 
@@ -28,22 +28,6 @@ def refuses_connections(host: str, port: int) -> bool:
             return False
     except OSError:
         return True
-
-
-@pytest.fixture
-def app_table(postgres: EmbeddedPostgres) -> Iterator[str]:
-    name = f"t_signals_{time.monotonic_ns()}"
-    with psycopg.connect(postgres.dsn("app", "app", "app-secret"), autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (x int)")
-    yield name
-    with psycopg.connect(postgres.dsn("app", "app", "app-secret"), autocommit=True) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS {name}")
-
-
-def rows_in(postgres: EmbeddedPostgres, table: str) -> int:
-    rows = postgres.execute(f"SELECT count(*) FROM {table}", dbname="app")
-    assert rows is not None
-    return int(rows[0][0])
 
 
 async def max_servers_under_load(postgres: EmbeddedPostgres, dsn: str, clients: int) -> int:

@@ -9,12 +9,13 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import psycopg
 import pytest
 
 from pypool.embedded import EmbeddedPostgres, free_port
+from tests.conftest import rows_in
 from tests.integration.app_client import connect
 from tests.integration.polling import wait_for
 
@@ -31,23 +32,6 @@ def assert_pooler_error(exc: psycopg.Error, text: str) -> None:
     assert text in str(exc), str(exc)
     assert exc.sqlstate == "08P01", (exc.sqlstate, str(exc))
     assert exc.diag.severity == "FATAL"
-
-
-@pytest.fixture
-def app_table(postgres: EmbeddedPostgres) -> Iterator[str]:
-    """A fresh table in db app owned by role app; dropped afterwards."""
-    name = f"t_timeouts_{time.monotonic_ns()}"
-    with psycopg.connect(postgres.dsn("app", "app", "app-secret"), autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (x int)")
-    yield name
-    with psycopg.connect(postgres.dsn("app", "app", "app-secret"), autocommit=True) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS {name}")
-
-
-def rows_in(postgres: EmbeddedPostgres, table: str) -> int:
-    rows = postgres.execute(f"SELECT count(*) FROM {table}", dbname="app")
-    assert rows is not None
-    return int(rows[0][0])
 
 
 # -- waiting for a server ---------------------------------------------------------------
