@@ -670,8 +670,7 @@ class Pooler:
         if server.state is not ServerState.IDLE:
             server.set_state(ServerState.IDLE)
         if not pool.paused:
-            while pool.waiting:
-                client = pool.waiting.popleft()
+            while (client := pool.dequeue()) is not None:
                 if client.state is ClientState.WAITING:
                     self.link(client, server)
                     return
@@ -697,8 +696,8 @@ class Pooler:
     def _serve_waiting(self, pool: Pool) -> None:
         while pool.waiting and pool.idle and not pool.paused:
             server = pool.take_idle()
-            client = pool.waiting.popleft()
-            assert server is not None
+            client = pool.dequeue()
+            assert server is not None and client is not None
             if client.state is ClientState.WAITING:
                 self.link(client, server)
             else:

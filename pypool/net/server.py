@@ -25,7 +25,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from ..auth.md5 import md5_response_from_secret
-from ..auth.scram import MECHANISM, ScramAuthError, ScramClientLogin, ScramVerifier
+from ..auth.scram import MECHANISM, ScramAuthError, ScramClientLogin
 from ..pooling import prepared
 from ..protocol import messages as m
 from ..protocol.framing import MessageBuffer
@@ -443,6 +443,3 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             log.warning("%r: pooler-issued query failed: %s %s", self, fields.get("C"),
                         fields.get("M"))
 
-
-def verifier_of(secret: str | None) -> ScramVerifier | None:
-    return ScramVerifier.parse(secret) if secret else None

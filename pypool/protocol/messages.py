@@ -192,14 +192,6 @@ def sync() -> bytes:
 # --- parsers ------------------------------------------------------------------------------
 
 
-def read_cstring(body: bytes | memoryview, pos: int) -> tuple[str, int]:
-    """The NUL-terminated string at `pos` and the position after its NUL."""
-    raw = bytes(body[pos:]) if isinstance(body, memoryview) else body
-    start = 0 if isinstance(body, memoryview) else pos
-    end = raw.index(b"\x00", start)
-    return raw[start:end].decode("utf-8", "replace"), pos + (end - start) + 1
-
-
 def parse_error_fields(body: bytes | memoryview) -> dict[str, str]:
     """The fields of an ErrorResponse or NoticeResponse body, keyed by their code letter."""
     fields: dict[str, str] = {}
@@ -208,6 +200,23 @@ def parse_error_fields(body: bytes | memoryview) -> dict[str, str]:
         if part:
             fields[chr(part[0])] = part[1:].decode("utf-8", "replace")
     return fields
+
+
+def parse_data_row(body: bytes | memoryview) -> list[str | None]:
+    """The column values of a DataRow body, as text (None for SQL NULL)."""
+    raw = bytes(body)
+    (count,) = struct.unpack_from("!H", raw, 0)
+    pos = 2
+    values: list[str | None] = []
+    for _ in range(count):
+        (size,) = struct.unpack_from("!i", raw, pos)
+        pos += 4
+        if size < 0:
+            values.append(None)
+        else:
+            values.append(raw[pos : pos + size].decode("utf-8", "replace"))
+            pos += size
+    return values
 
 
 def parse_parameter_status(body: bytes | memoryview) -> tuple[str, str]:

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 
 from scramp import ScramClient
 
+from pypool.protocol import messages as m
+
 PROTOCOL_VERSION = 196608
 
 
@@ -87,12 +89,7 @@ def terminate() -> bytes:
 # --- backend messages ----------------------------------------------------------------------
 
 
-def error_fields(body: bytes) -> dict[str, str]:
-    fields = {}
-    for part in body.split(b"\x00"):
-        if part:
-            fields[chr(part[0])] = part[1:].decode("utf-8", "replace")
-    return fields
+error_fields = m.parse_error_fields
 
 
 def summary(kind: bytes, body: bytes) -> tuple[object, ...]:
@@ -101,17 +98,7 @@ def summary(kind: bytes, body: bytes) -> tuple[object, ...]:
         fields = error_fields(body)
         return (kind.decode(), fields.get("C"), fields.get("M"))
     if kind == b"D":
-        (count,) = struct.unpack_from("!H", body, 0)
-        pos, values = 2, []
-        for _ in range(count):
-            (size,) = struct.unpack_from("!i", body, pos)
-            pos += 4
-            if size < 0:
-                values.append(None)
-            else:
-                values.append(body[pos : pos + size].decode("utf-8", "replace"))
-                pos += size
-        return ("D", tuple(values))
+        return ("D", tuple(m.parse_data_row(body)))
     if kind == b"T":
         (count,) = struct.unpack_from("!H", body, 0)
         pos, columns = 2, []

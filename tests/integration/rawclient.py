@@ -153,7 +153,7 @@ class RawClient:
         error = None
         for kind, body in self.read_until(m.READY_FOR_QUERY):
             if kind == m.DATA_ROW:
-                rows.append(parse_data_row(body))
+                rows.append(m.parse_data_row(body))
             elif kind == m.COMMAND_COMPLETE:
                 tag = m.parse_command_tag(body)
             elif kind == m.ERROR_RESPONSE:
@@ -170,17 +170,3 @@ class QueryError(Exception):
         super().__init__(f"{fields.get('C')}: {fields.get('M')}")
         self.fields = fields
 
-
-def parse_data_row(body: bytes) -> list[str | None]:
-    (count,) = struct.unpack_from("!H", body)
-    pos = 2
-    values: list[str | None] = []
-    for _ in range(count):
-        (size,) = struct.unpack_from("!i", body, pos)
-        pos += 4
-        if size < 0:
-            values.append(None)
-        else:
-            values.append(body[pos : pos + size].decode())
-            pos += size
-    return values

@@ -127,12 +127,14 @@ def test_row_description_and_data_row() -> None:
     assert kind == m.ROW_DESCRIPTION
     (count,) = struct.unpack_from("!H", body)
     assert count == 2
-    name, pos = m.read_cstring(body, 2)
-    assert name == "database"
+    end = body.index(b"\x00", 2)
+    assert body[2:end] == b"database"
+    pos = end + 1
     table, col, oid, size, mod, fmt = struct.unpack_from("!IhIhih", body, pos)
     assert (oid, size, fmt) == (25, -1, 0)
-    name, pos = m.read_cstring(body, pos + 18)
-    assert name == "cl_active"
+    end = body.index(b"\x00", pos + 18)
+    assert body[pos + 18 : end] == b"cl_active"
+    pos = end + 1
     assert struct.unpack_from("!IhIhih", body, pos)[2:4] == (23, 4)
     assert pos + 18 == len(body)
 
@@ -141,15 +143,6 @@ def test_row_description_and_data_row() -> None:
     assert body == (
         b"\x00\x03" + b"\x00\x00\x00\x03a\xc3\xa9" + b"\xff\xff\xff\xff" + b"\x00\x00\x00\x00"
     )
-
-
-def test_read_cstring_on_bytes_and_memoryview() -> None:
-    data = b"abc\x00def\x00"
-    assert m.read_cstring(data, 0) == ("abc", 4)
-    assert m.read_cstring(data, 4) == ("def", 8)
-    assert m.read_cstring(memoryview(data), 4) == ("def", 8)
-    with pytest.raises(ValueError):
-        m.read_cstring(b"no terminator", 0)
 
 
 def test_startup_message_layout() -> None:
@@ -182,3 +175,9 @@ def test_password_message() -> None:
     kind, body = one(m.password_message(m.cstring("s3cret")))
     assert kind == m.PASSWORD_MESSAGE
     assert m.parse_password(body) == "s3cret"
+
+
+def test_data_row_round_trips_values_and_nulls() -> None:
+    built = m.data_row(["1", None, "", "héllo"])
+    assert built[:1] == b"D"
+    assert m.parse_data_row(built[5:]) == ["1", None, "", "héllo"]
