@@ -82,6 +82,7 @@ class PoolerSettings:
     max_user_connections: int = 0
     max_prepared_statements: int = 200
     max_client_prepared_statements: int = 10000
+    pipeline_depth: int = 4
     query_wait_timeout: float = 120.0
     query_timeout: float = 0.0
     idle_transaction_timeout: float = 0.0

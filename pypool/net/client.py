@@ -122,6 +122,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self.pending = 0
         self.unsynced = False
         self.close_after_release = False
+        self.cancel_held = False  # a CancelRequest waits until it heads its server's line
         self._outbox: list[bytes] = []
         # Prepared-statement rewriting (None when off: session mode, max_prepared_statements
         # = 0, the admin console). While `_blocked`, what the client sends waits: uncounted
@@ -178,7 +179,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self.server.resume_reading()
 
     def write(self, data: bytes) -> None:
-        if self.transport is not None:
+        if self.transport is not None and self.state is not ClientState.CLOSED:
             self.transport.write(data)
 
     def data_received(self, data: bytes) -> None:
@@ -486,8 +487,13 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             data = b"".join(parts)
         if data:
             self._forward(data)
+            if (st is not None and st.last_neutral and self.pending == 1 and not self.unsynced
+                    and server is not None and server.pool.waiting):
+                # A whole transaction that ends at its Sync: the next waiting clients may
+                # queue theirs behind it on this server (net/pipeline.py).
+                self.pooler.pipeline(server)
         if st is not None and st.tracking == 2 and server is not None:
-            if server.at_message_boundary():
+            if server.client is self and server.at_message_boundary():
                 self.write(st.emit_synthetic())
 
     @staticmethod
@@ -601,6 +607,14 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                 self.pooler.release(self)
             else:
                 stats.xact_count += 1
+        elif self.state is ClientState.CLOSED or (
+            self.server is not None and self.server.chain
+        ):
+            # A client that left inside a transaction (its replies were still to come behind
+            # a pipeline), or a pipelined transaction that did not end at its Sync: the server
+            # cannot serve anyone else. Closing it rolls the transaction back.
+            assert self.server is not None
+            self.server.close("transaction still open where the pipeline expected none")
         elif mode == "statement":
             self.fail(PoolerError("transaction blocks not allowed in statement pooling mode"))
 

@@ -40,6 +40,7 @@ from ..settings import (
     load_ini,
     worker_share,
 )
+from . import pipeline
 from .client import ClientConnection, ClientState
 from .server import ServerConnection, ServerLoginError, ServerState
 
@@ -457,12 +458,14 @@ class Pooler:
         server.statements.close()
         self.servers_per_db[pool.database] = self.servers_per_db.get(pool.database, 1) - 1
         self.servers_per_user[pool.user] = self.servers_per_user.get(pool.user, 1) - 1
-        client = server.client
-        if client is not None:
-            server.client = None
-            client.server = None
-            pool.stats.count_error("server_conn_crashed")
-            client.fail(PoolerError("server conn crashed?", errors.PROTOCOL_VIOLATION))
+        line = [server.client, *server.chain]
+        server.client = None
+        server.chain.clear()
+        for client in line:
+            if client is not None:
+                client.server = None
+                pool.stats.count_error("server_conn_crashed")
+                client.fail(PoolerError("server conn crashed?", errors.PROTOCOL_VIOLATION))
         if self.settings.pooler.log_disconnections and not reason.startswith("login failed"):
             log.info("%r: closing because: %s", server, reason)
         self.launch_servers(pool)
@@ -564,7 +567,13 @@ class Pooler:
             if client in pool.awaiting_params:
                 pool.awaiting_params.remove(client)
         server = client.server
-        if server is not None:
+        if server is not None and (server.chain or server.client is not client):
+            # In a pipeline: its requests are on the server, between others'. It keeps its
+            # place until its replies have gone by (net/pipeline.py), unless a segment of it
+            # will never end.
+            if client.unsynced:
+                server.close("client disconnected with a query in progress")
+        elif server is not None:
             client.server = None
             server.client = None
             server.resume_reading()
@@ -627,6 +636,13 @@ class Pooler:
         if data:
             assert server.transport is not None
             server.transport.write(data)
+            if pool.waiting and server.statements.last_neutral:
+                pipeline.extend(self, server)
+
+    def pipeline(self, server: ServerConnection) -> None:
+        """The linked client has sent a transaction that ends at its Sync: queue waiting
+        clients behind it (net/pipeline.py)."""
+        pipeline.extend(self, server)
 
     def release(self, client: ClientConnection) -> None:
         """The client's transaction ended and nothing is owed: its server goes back."""
@@ -640,9 +656,19 @@ class Pooler:
         client.server = None
         server.client = None
         server.resume_reading()
+        if client.state is ClientState.CLOSED:  # it left while queued in a pipeline
+            if server.chain:
+                pipeline.hand_on(self, server)
+            elif server.statements.detach():
+                self.server_available(server)
+            else:
+                server.close("prepared-statement replies out of step")
+            return
         client.resume_reading()
         client.set_state(ClientState.IDLE)
-        if server.statements.detach():
+        if server.chain:
+            pipeline.hand_on(self, server)
+        elif server.statements.detach():
             self.server_available(server)
         else:
             # Never expected: a request of the client's still waits for its reply, which
@@ -711,6 +737,9 @@ class Pooler:
         if client is None or client.server is None:
             return
         server = client.server
+        if server.client is not client:
+            client.cancel_held = True  # queued behind another client's query: not yet
+            return
         self._spawn(_send_cancel(server.host, server.port, server.backend_pid,
                                  server.backend_secret))
 

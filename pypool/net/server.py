@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections import deque
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -95,6 +96,9 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.connect_time = now
         self.request_time = now  # when last linked or released
         self.hidden_syncs = 0
+        # Clients whose transactions are queued on this server behind the linked client's,
+        # in order (net/pipeline.py); their replies follow its ReadyForQuery.
+        self.chain: deque[ClientConnection] = deque()
         # Prepared statements on this server and the requests its replies answer.
         self.statements = prepared.ServerStatements(
             pooler.statement_registry, pooler.settings.pooler.max_prepared_statements,
@@ -337,14 +341,19 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
                     if client is not None and out < stop:
                         client.write(data[out:stop])
                     out = end
-                    if client is not None:
-                        if verdict == prepared.REPLACE:
-                            client.write(st.replacement)
-                        if st.to_client:
-                            client.write(b"".join(st.to_client))
-                    st.to_client.clear()
+                    if client is not None and verdict == prepared.REPLACE:
+                        client.write(st.replacement)
                     if verdict == prepared.READY and client is not None:
+                        # This may hand the server to the next client of its chain: the
+                        # synthesised replies that follow are that client's.
                         client.ready_for_query(data[pos + 5])
+                        client = self.client
+                        if self.close_reason:
+                            return
+                    if st.to_client:
+                        if client is not None:
+                            client.write(b"".join(st.to_client))
+                        st.to_client.clear()
                 pos = end
                 continue
             if kind == m.READY_FOR_QUERY or kind == m.PARAMETER_STATUS or self.hidden_syncs:
@@ -371,10 +380,13 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
                     else:
                         client.write(data[out:end])
                         out = end
-                        if st.to_client:
-                            client.write(b"".join(st.to_client))
-                            st.to_client.clear()
                         client.ready_for_query(data[pos + 5])
+                        if st.to_client:  # for whoever is linked now (net/pipeline.py)
+                            if self.client is not None:
+                                self.client.write(b"".join(st.to_client))
+                            st.to_client.clear()
+                        if self.close_reason:
+                            return
                 else:
                     self._parameter_status(data[pos + 5 : end])
             elif kind == m.ERROR_RESPONSE:
@@ -413,8 +425,11 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
                 client.write(data[out:pos] if out or pos < n else data)
         if st.tracking == 2 and not self._skip and not self._partial:
             self._write_synthetic()
-        if st.blocked and self.client is not None:
-            self.client.resume_rewriting()
+        if st.blocked:
+            # The client whose messages wait is the last one queued on this server.
+            sender = self.chain[-1] if self.chain else self.client
+            if sender is not None:
+                sender.resume_rewriting()
 
     def at_message_boundary(self) -> bool:
         """Whether the next byte from the server starts a message (nothing half-relayed)."""

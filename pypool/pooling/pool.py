@@ -44,6 +44,8 @@ class PoolStats:
     client_parse_count: int = 0
     server_parse_count: int = 0
     bind_count: int = 0
+    # Transactions queued on a busy server behind another client's (net/pipeline.py).
+    pipelined_count: int = 0
     # Prepared statements (incremented by the prepared-statement layer): a client's statement
     # already on the server it landed on (hit), one that had to be parsed there first (miss),
     # and one closed to make room under max_prepared_statements (eviction).

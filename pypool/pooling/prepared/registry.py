@@ -9,6 +9,7 @@ to Statements, and its SQL-level PREPAREs. Nothing here touches a socket.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 PREFIX = b"PYPOOL_"
@@ -17,15 +18,24 @@ PREFIX = b"PYPOOL_"
 PROBE = PREFIX + b"0"
 
 
+# Statements that cannot open, end or abort a transaction block (the extended protocol takes
+# one statement per Parse). Anything else, comments before the keyword included, is assumed
+# to be able to: see `Statement.neutral`.
+_NEUTRAL = re.compile(rb"[\s(]*(?:select|insert|update|delete|with|values|table)\b", re.I)
+
+
 class Statement:
     """One distinct Parse body and the name servers know it by."""
 
-    __slots__ = ("key", "name", "refs")
+    __slots__ = ("key", "name", "refs", "neutral")
 
     def __init__(self, key: bytes, name: bytes) -> None:
         self.key = key  # the Parse body after the statement name: query, NUL, types
         self.name = name  # server-side name, b"PYPOOL_<n>"
         self.refs = 0  # client map entries + server LRU entries + queue entries owning one
+        # Whether executing it leaves the transaction status as it was: a transaction that
+        # begins with it (implicitly, at its Bind) is over at the Sync (see net/pipeline).
+        self.neutral = _NEUTRAL.match(key) is not None
 
     def __repr__(self) -> str:
         return f"<Statement {self.name.decode()} refs={self.refs}>"

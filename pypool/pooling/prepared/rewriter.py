@@ -107,6 +107,12 @@ class ServerStatements:
         self.open_fine = False
         self.open_count = 0  # requests queued since the last Sync
         self.open_renames: list[tuple[Statement, bytes]] = []  # their statement names
+        # Whether the open segment, and the last one a Sync closed, can only end with the
+        # server idle when they began with it idle: nothing in them but Binds of neutral
+        # statements (Statement.neutral), Describe and Execute of portals, folded into one
+        # Sync. The pooler may queue another client's transaction behind such a segment.
+        self.open_neutral = True
+        self.last_neutral = False
         self.blocked = False  # a WAIT was returned; the client waits for the queue to move
         # Requests whose effect an error may still undo, by segment: while an earlier
         # segment has some, a statement name is not looked up (WAIT), since its answer may
@@ -125,6 +131,8 @@ class ServerStatements:
         self.open_fine = False
         self.open_count = 0
         self.open_renames.clear()
+        self.open_neutral = True
+        self.last_neutral = False
         if not client.sql:
             return b""
         out = []
@@ -184,6 +192,7 @@ class ServerStatements:
                 return b""
             self.discarding = False
         if kind == 81 and data[pos + 5] not in SQL_FIRST:  # Q: the simple protocol's hot path
+            self.open_neutral = False
             queue = self.queue
             queue.append(PLAIN_QUERY)  # `_push`, inlined; at the head it needs no tracking
             self.readies_queued += 1
@@ -197,11 +206,13 @@ class ServerStatements:
         elif kind == 66:  # B
             if data[pos + 5] or data[pos + 6]:
                 return self._bind(data, pos, end)
+            self.open_neutral = False  # the unnamed statement: its text is not looked at
             plain = PLAIN_BIND
         elif kind == 83:  # S
             self._sync()
             return None
         elif kind == 80:  # P
+            self.open_neutral = False
             if data[pos + 5]:
                 return self._parse(data, pos, end)
             plain = PLAIN_PARSE
@@ -219,6 +230,8 @@ class ServerStatements:
         return None
 
     def _other(self, kind: int, data: bytes, pos: int, end: int) -> bytes | Wait | None:
+        if kind != 72:  # anything but Flush
+            self.open_neutral = False
         if kind == 67:  # C
             return self._close(data, pos, end)
         if kind == 81:  # Q
@@ -261,6 +274,7 @@ class ServerStatements:
         to name the client's in an error."""
         queue = self.queue
         request = PLAIN_SYNC
+        neutral = self.open_neutral and not self.open_fine
         if not self.open_fine and self.open_count:
             # The segment's requests are the last ones queued (those already answered, if
             # any, were taken from the front).
@@ -268,6 +282,7 @@ class ServerStatements:
             renames = self.open_renames
             if len(renames) > 1 and _ambiguous(renames):
                 count = 0  # two names for one statement: which failed? Keep them apart.
+                neutral = False
             if count:
                 for _ in range(count):
                     queue.pop()
@@ -280,6 +295,8 @@ class ServerStatements:
         self.open_fine = False
         self.open_count = 0
         self.open_renames.clear()
+        self.last_neutral = neutral
+        self.open_neutral = True
         self._retrack()
 
     def _must_wait(self) -> bool:
@@ -395,11 +412,14 @@ class ServerStatements:
         assert client is not None
         stmt = client.names.get(name)
         if stmt is None:
+            self.open_neutral = False
             if name in client.sql:
                 self._push(PLAIN_BIND)
                 return None
             return self._fail(errors.INVALID_SQL_STATEMENT_NAME,
                               f'prepared statement "{shown(name)}" does not exist')
+        if not stmt.neutral:
+            self.open_neutral = False
         lru = self.lru
         stats = self.stats
         if stmt in lru:

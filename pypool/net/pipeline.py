@@ -1,0 +1,112 @@
+"""Pipelining: queueing waiting clients' transactions on a busy server.
+
+When every server of a pool is busy and clients wait, a server normally sits idle for a
+round trip after each transaction: its ReadyForQuery travels to the pooler, the pooler
+hands the server to the next client and sends that client's request, and only then does
+PostgreSQL wake up again. Here, once the linked client has sent a whole transaction that is
+sure to be over at its Sync, the next waiting clients' requests are written to the same
+server straight away, up to `pipeline_depth` deep. The server runs them back to back; each
+client gets its own replies, and owns the server from its predecessor's ReadyForQuery to
+its own, exactly as if it had been linked then. PgBouncer always waits for the round trip.
+
+"Sure to be over at its Sync" is decided by the prepared-statement layer
+(`ServerStatements.last_neutral`): the client was idle (its last ReadyForQuery said `I`)
+and its transaction is one extended-protocol segment of Binds of named statements whose
+text starts with SELECT, INSERT, UPDATE, DELETE, WITH, VALUES or TABLE (none can open or
+end a transaction block), with Describe and Execute of portals. That is the steady state
+of every driver with prepared statements. An error in it makes the server skip to the Sync,
+which ends the implicit transaction all the same.
+
+The server's `client` is the head of the line; `chain` holds the clients queued behind it.
+Every client in the line but the last may not send more to this server (its later requests
+would land behind the others'): what it sends waits, uncounted, as during a rewriting WAIT,
+and goes to a server of its own after its ReadyForQuery. A client that disconnects while in
+the line stays in it until its replies have gone by (they are dropped), so the line moves on;
+if its last ReadyForQuery says it was inside a transaction after all, or it left with a
+segment unsynced, the server is closed, which rolls back, and everyone in the line gets an
+error. A CancelRequest from a client still queued behind another is held until it reaches the
+head: sent at once, it would cancel the predecessor's query.
+
+What is given up: a client queued behind a slow query waits for it even if another server
+frees up first, and query_wait_timeout no longer applies to it once its request is sent.
+The line is short (`pipeline_depth`, default 4; 0 turns pipelining off) and is only formed
+while clients are already waiting for a server.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..protocol import messages as m
+from .client import ClientState
+
+if TYPE_CHECKING:
+    from .client import ClientConnection
+    from .pooler import Pooler
+    from .server import ServerConnection
+
+
+def extend(pooler: Pooler, server: ServerConnection) -> None:
+    """Queue waiting clients behind the last one on `server` while the line allows."""
+    pool = server.pool
+    depth = pooler.settings.pooler.pipeline_depth
+    chain = server.chain
+    while len(chain) < depth and pool.waiting and not pool.paused:
+        client = pool.waiting[0]
+        if client.state is not ClientState.WAITING:
+            pool.dequeue()
+            continue
+        if not can_follow(server, client):
+            return
+        pool.dequeue()
+        follow(pooler, server, client)
+
+
+def can_follow(server: ServerConnection, client: ClientConnection) -> bool:
+    """Whether `client`'s request may be written to `server` now, behind the last client in
+    its line."""
+    last = server.chain[-1] if server.chain else server.client
+    st = server.statements
+    if (last is None or last.pending != 1 or last.unsynced or last.tx_status != m.TX_IDLE
+            or last._blocked or last._partial or last._skip or server.hidden_syncs
+            or server.close_reason or not st.last_neutral or st.open_count or st.undoable
+            or st.blocked or st.discarding or client.statements is None
+            or client.statements.sql):
+        return False
+    # No SET may be needed for it: a hidden query's replies would be mistaken for the others'.
+    params = server.params
+    return all(params.get(name) == value for name, value in client.params.items())
+
+
+def follow(pooler: Pooler, server: ServerConnection, client: ClientConnection) -> None:
+    """Write `client`'s request to `server`, behind the last one in the line."""
+    last = server.chain[-1] if server.chain else server.client
+    assert last is not None
+    last._blocked = True  # what it sends from now on waits for a server of its own
+    server.chain.append(client)
+    client.server = server
+    client.set_state(ClientState.ACTIVE)
+    server.pool.stats.pipelined_count += 1
+    data = client.take_outbox(server)
+    if data:
+        assert server.transport is not None
+        server.transport.write(data)
+
+
+def hand_on(pooler: Pooler, server: ServerConnection) -> None:
+    """The head of the line is done: the next client in it is linked from now on."""
+    client = server.chain.popleft()
+    server.client = client
+    pool = server.pool
+    now = pooler.now()
+    if client.state is not ClientState.CLOSED:
+        stats = pool.stats
+        stats.wait_time_us += int((now - client.wait_start) * 1e6)
+        stats.wait_histogram.observe(now - client.wait_start)
+        stats.server_assignment_count += 1
+    client.link_time = now
+    client.query_start = now
+    server.request_time = now
+    if client.cancel_held:
+        client.cancel_held = False
+        pooler.forward_cancel(*client.cancel_key)
