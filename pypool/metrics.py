@@ -222,6 +222,8 @@ class PoolerCollector(Collector):
              "Prepared statements parsed on a server before use"),
             ("prepared_statement_evictions", "prepared_evictions", 1,
              "Prepared statements closed to stay under max_prepared_statements"),
+            ("pipelined_transactions", "pipelined_count", 1,
+             "Transactions queued on a busy server behind another client's (pipeline_depth)"),
         )
         for name, field, scale, text in counters:
             family = CounterMetricFamily(f"pypool_{name}", text, labels=POOL_LABELS)
