@@ -46,20 +46,26 @@ if TYPE_CHECKING:
     from .server import ServerConnection
 
 
-def extend(pooler: Pooler, server: ServerConnection) -> None:
-    """Queue waiting clients behind the last one on `server` while the line allows."""
+def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
+    """Queue waiting clients behind the last one on `server` while the line allows; their
+    requests go out in one write, after `data` (what the caller was about to send)."""
     pool = server.pool
     depth = pooler.settings.pooler.pipeline_depth
     chain = server.chain
+    out = [data]
     while len(chain) < depth and pool.waiting and not pool.paused:
         client = pool.waiting[0]
         if client.state is not ClientState.WAITING:
             pool.dequeue()
             continue
         if not can_follow(server, client):
-            return
+            break
         pool.dequeue()
-        follow(pooler, server, client)
+        out.append(follow(server, client))
+    data = b"".join(out)
+    if data:
+        assert server.transport is not None
+        server.transport.write(data)
 
 
 def can_follow(server: ServerConnection, client: ClientConnection) -> bool:
@@ -74,12 +80,12 @@ def can_follow(server: ServerConnection, client: ClientConnection) -> bool:
             or client.statements.sql):
         return False
     # No SET may be needed for it: a hidden query's replies would be mistaken for the others'.
-    params = server.params
-    return all(params.get(name) == value for name, value in client.params.items())
+    return client.params.items() <= server.params.items()
 
 
-def follow(pooler: Pooler, server: ServerConnection, client: ClientConnection) -> None:
-    """Write `client`'s request to `server`, behind the last one in the line."""
+def follow(server: ServerConnection, client: ClientConnection) -> bytes:
+    """Queue `client` on `server` behind the last one in the line: its request, rewritten
+    for that server, is returned to be sent."""
     last = server.chain[-1] if server.chain else server.client
     assert last is not None
     last._blocked = True  # what it sends from now on waits for a server of its own
@@ -87,10 +93,7 @@ def follow(pooler: Pooler, server: ServerConnection, client: ClientConnection) -
     client.server = server
     client.set_state(ClientState.ACTIVE)
     server.pool.stats.pipelined_count += 1
-    data = client.take_outbox(server)
-    if data:
-        assert server.transport is not None
-        server.transport.write(data)
+    return client.take_outbox(server)
 
 
 def hand_on(pooler: Pooler, server: ServerConnection) -> None:

@@ -610,7 +610,9 @@ class Pooler:
         client.set_state(ClientState.WAITING)
         client.wait_start = client.state_since
         pool.enqueue(client)
-        self.launch_servers(pool)
+        limits = pool.limits
+        if pool.server_count < limits.pool_size + limits.reserve_pool_size:
+            self.launch_servers(pool)  # else there is no room for another server anyway
 
     def link(self, client: ClientConnection, server: ServerConnection) -> None:
         pool = server.pool
@@ -627,17 +629,15 @@ class Pooler:
         client.link_time = now
         server.request_time = now
         pool.stats.server_assignment_count += 1
-        server_params = server.params
-        for name, value in client.params.items():
-            if server_params.get(name) != value:
-                server.send_hidden_query(set_statements(client.params, server_params))
-                break
+        if not client.params.items() <= server.params.items():
+            server.send_hidden_query(set_statements(client.params, server.params))
         data = client.take_outbox(server)
         if data:
+            if pool.waiting and server.statements.last_neutral:
+                pipeline.extend(self, server, data)  # sends data, then the next clients'
+                return
             assert server.transport is not None
             server.transport.write(data)
-            if pool.waiting and server.statements.last_neutral:
-                pipeline.extend(self, server)
 
     def pipeline(self, server: ServerConnection) -> None:
         """The linked client has sent a transaction that ends at its Sync: queue waiting
