@@ -488,7 +488,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         if data:
             self._forward(data)
             if (st is not None and st.last_neutral and self.pending == 1 and not self.unsynced
-                    and server is not None and server.pool.waiting):
+                    and server is not None):
                 # A whole transaction that ends at its Sync: the next waiting clients may
                 # queue theirs behind it on this server (net/pipeline.py).
                 self.pooler.pipeline(server)

@@ -53,7 +53,14 @@ def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
     depth = pooler.settings.pooler.pipeline_depth
     chain = server.chain
     out = [data]
-    while len(chain) < depth and pool.waiting and not pool.paused:
+    # Only while the pool may not open another server: until then, a new one serves sooner.
+    while len(chain) < depth and not pool.paused and pool.server_count >= pool.limits.pool_size:
+        if not pool.waiting:
+            # Room left: a client that needs a server later may join this line.
+            if not server.open_line:
+                server.open_line = True
+                pool.open_lines.append(server)
+            break
         client = pool.waiting[0]
         if client.state is not ClientState.WAITING:
             pool.dequeue()
@@ -68,16 +75,45 @@ def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
         server.transport.write(data)
 
 
+def join_open_line(pooler: Pooler, client: ClientConnection) -> bool:
+    """A client needs a server and none is idle: queue it on a busy one whose line has room,
+    if any (`Pool.open_lines`). False if it must wait."""
+    pool = client.pool
+    assert pool is not None
+    lines = pool.open_lines
+    depth = pooler.settings.pooler.pipeline_depth
+    while lines:
+        server = lines.pop()
+        server.open_line = False
+        if (len(server.chain) < depth and server.client is not None
+                and server.pool is pool and can_follow(server, client)):
+            client.wait_start = pooler.now()
+            data = follow(server, client)
+            if data:
+                assert server.transport is not None
+                server.transport.write(data)
+            if len(server.chain) < depth and can_follow_any(server):
+                server.open_line = True
+                lines.append(server)
+            return True
+    return False
+
+
+def can_follow_any(server: ServerConnection) -> bool:
+    """Whether the last client on `server` leaves room for another behind it."""
+    last = server.chain[-1] if server.chain else server.client
+    st = server.statements
+    return not (last is None or last.pending != 1 or last.unsynced
+                or last.tx_status != m.TX_IDLE or last._blocked or last._partial or last._skip
+                or server.hidden_syncs or server.close_reason or not st.last_neutral
+                or st.open_count or st.undoable or st.blocked or st.discarding)
+
+
 def can_follow(server: ServerConnection, client: ClientConnection) -> bool:
     """Whether `client`'s request may be written to `server` now, behind the last client in
     its line."""
-    last = server.chain[-1] if server.chain else server.client
-    st = server.statements
-    if (last is None or last.pending != 1 or last.unsynced or last.tx_status != m.TX_IDLE
-            or last._blocked or last._partial or last._skip or server.hidden_syncs
-            or server.close_reason or not st.last_neutral or st.open_count or st.undoable
-            or st.blocked or st.discarding or client.statements is None
-            or client.statements.sql):
+    if (client.statements is None or client.statements.sql
+            or not can_follow_any(server)):
         return False
     # No SET may be needed for it: a hidden query's replies would be mistaken for the others'.
     return client.params.items() <= server.params.items()

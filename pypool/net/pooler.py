@@ -607,6 +607,9 @@ class Pooler:
             if server is not None:
                 self.link(client, server)
                 return
+            if (pool.open_lines and pool.server_count >= pool.limits.pool_size
+                    and pipeline.join_open_line(self, client)):
+                return
         client.set_state(ClientState.WAITING)
         client.wait_start = client.state_since
         pool.enqueue(client)

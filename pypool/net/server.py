@@ -99,6 +99,7 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         # Clients whose transactions are queued on this server behind the linked client's,
         # in order (net/pipeline.py); their replies follow its ReadyForQuery.
         self.chain: deque[ClientConnection] = deque()
+        self.open_line = False  # listed in its pool's open_lines
         # Prepared statements on this server and the requests its replies answer.
         self.statements = prepared.ServerStatements(
             pooler.statement_registry, pooler.settings.pooler.max_prepared_statements,

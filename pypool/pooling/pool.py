@@ -74,6 +74,9 @@ class Pool:
         self.active: set[Any] = set()
         self.login: set[Any] = set()
         self.waiting: deque[Any] = deque()
+        # Busy servers that could take one more client's transaction behind their last one
+        # (net/pipeline.py), most recent last; may be stale, checked when used.
+        self.open_lines: list[Any] = []
         self.clients: set[Any] = set()
         # Clients past authentication waiting for server_params before their welcome.
         self.awaiting_params: list[Any] = []
@@ -110,10 +113,11 @@ class Pool:
         self.active.discard(server)
         self.login.discard(server)
         self.close_needed.discard(server)
-        try:
-            self.idle.remove(server)
-        except ValueError:
-            pass
+        for where in (self.idle, self.open_lines):
+            try:
+                where.remove(server)
+            except ValueError:
+                pass
 
     def enqueue(self, client: Any) -> None:
         self.waiting.append(client)
