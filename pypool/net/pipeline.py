@@ -13,9 +13,10 @@ its own, exactly as if it had been linked then. PgBouncer always waits for the r
 (`ServerStatements.last_neutral`): the client was idle (its last ReadyForQuery said `I`)
 and its transaction is one extended-protocol segment of Binds of named statements whose
 text starts with SELECT, INSERT, UPDATE, DELETE, WITH, VALUES or TABLE (none can open or
-end a transaction block), with Describe and Execute of portals. That is the steady state
-of every driver with prepared statements. An error in it makes the server skip to the Sync,
-which ends the implicit transaction all the same.
+end a transaction block), with Describe and Execute of portals, or one simple Query holding
+one such statement. That is the steady state of every driver with prepared statements. An
+error in it makes the server skip to the Sync, which ends the implicit transaction all the
+same.
 
 The server's `client` is the head of the line; `chain` holds the clients queued behind it.
 Every client in the line but the last may not send more to this server (its later requests
@@ -106,7 +107,7 @@ def can_follow_any(server: ServerConnection) -> bool:
     return not (last is None or last.pending != 1 or last.unsynced
                 or last.tx_status != m.TX_IDLE or last._blocked or last._partial or last._skip
                 or server.hidden_syncs or server.close_reason or not st.last_neutral
-                or st.open_count or st.undoable or st.blocked or st.discarding)
+                or st.undoable or st.blocked or st.discarding)
 
 
 def can_follow(server: ServerConnection, client: ClientConnection) -> bool:

@@ -24,6 +24,15 @@ PROBE = PREFIX + b"0"
 _NEUTRAL = re.compile(rb"[\s(]*(?:select|insert|update|delete|with|values|table)\b", re.I)
 
 
+def neutral_query(data: bytes, start: int, end: int) -> bool:
+    """Whether the simple Query text data[start:end] is one neutral statement (as
+    `Statement.neutral`): no semicolon but trailing ones, even inside a string literal."""
+    if _NEUTRAL.match(data, start) is None:
+        return False
+    semicolon = data.find(b";", start, end)
+    return semicolon < 0 or not data[semicolon:end].strip(b"; \t\r\n")
+
+
 class Statement:
     """One distinct Parse body and the name servers know it by."""
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ...protocol import errors
 from ...protocol import messages as m
-from .registry import PROBE, ClientStatements, Registry, Statement
+from .registry import PROBE, ClientStatements, Registry, Statement, neutral_query
 from .requests import (
     CLOSE_COMPLETE,
     COMPLETES,
@@ -193,6 +193,7 @@ class ServerStatements:
             self.discarding = False
         if kind == 81 and data[pos + 5] not in SQL_FIRST:  # Q: the simple protocol's hot path
             self.open_neutral = False
+            self.last_neutral = neutral_query(data, pos + 5, end - 1)
             queue = self.queue
             queue.append(PLAIN_QUERY)  # `_push`, inlined; at the head it needs no tracking
             self.readies_queued += 1
@@ -232,6 +233,8 @@ class ServerStatements:
     def _other(self, kind: int, data: bytes, pos: int, end: int) -> bytes | Wait | None:
         if kind != 72:  # anything but Flush
             self.open_neutral = False
+        if kind == 81 or kind == 70:  # Q, F
+            self.last_neutral = False
         if kind == 67:  # C
             return self._close(data, pos, end)
         if kind == 81:  # Q
