@@ -39,7 +39,7 @@ from ..auth.scram import (
     verifier_for_password,
 )
 from ..pooling import prepared
-from ..pooling.params import canonical_name
+from ..pooling.params import canonical_name, same_encoding
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
@@ -122,7 +122,6 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self.pending = 0
         self.unsynced = False
         self.close_after_release = False
-        self.cancel_held = False  # a CancelRequest waits until it heads its server's line
         self._outbox: list[bytes] = []
         # Prepared-statement rewriting (None when off: session mode, max_prepared_statements
         # = 0, the admin console). While `_blocked`, what the client sends waits: uncounted
@@ -369,6 +368,10 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
     def welcome(self, server_params: dict[str, str]) -> None:
         """Send AuthenticationOk, ParameterStatus, BackendKeyData and ReadyForQuery."""
         out = [m.authentication(m.AUTH_OK)]
+        encoding = self.params.get("client_encoding")
+        server_encoding = server_params.get("client_encoding")
+        if encoding and server_encoding and same_encoding(encoding, server_encoding):
+            self.params["client_encoding"] = server_encoding  # reported as PostgreSQL would
         for name, value in server_params.items():
             if name in self.params:
                 continue

@@ -25,8 +25,9 @@ and goes to a server of its own after its ReadyForQuery. A client that disconnec
 the line stays in it until its replies have gone by (they are dropped), so the line moves on;
 if its last ReadyForQuery says it was inside a transaction after all, or it left with a
 segment unsynced, the server is closed, which rolls back, and everyone in the line gets an
-error. A CancelRequest from a client still queued behind another is held until it reaches the
-head: sent at once, it would cancel the predecessor's query.
+error. A CancelRequest from a client still queued behind another is dropped: sent at once, it
+would cancel the query ahead; sent when the client's turn comes, it could already hit the one
+behind (the whole line is on the server's socket). Its query runs to its end.
 
 What is given up: a client queued behind a slow query waits for it even if another server
 frees up first, and query_wait_timeout no longer applies to it once its request is sent.
@@ -147,6 +148,3 @@ def hand_on(pooler: Pooler, server: ServerConnection) -> None:
     client.link_time = now
     client.query_start = now
     server.request_time = now
-    if client.cancel_held:
-        client.cancel_held = False
-        pooler.forward_cancel(*client.cancel_key)

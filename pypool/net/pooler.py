@@ -25,7 +25,6 @@ from typing import Any
 from ..auth.auth_file import load_auth_file
 from ..auth.md5 import is_md5_hash
 from ..auth.scram import ScramVerifier, is_scram_verifier
-from ..pooling.params import set_statements
 from ..pooling.pool import Pool, PoolLimits
 from ..pooling.prepared import Registry
 from ..pooling.stats import StatsPeriods, stats_line
@@ -633,7 +632,7 @@ class Pooler:
         server.request_time = now
         pool.stats.server_assignment_count += 1
         if not client.params.items() <= server.params.items():
-            server.send_hidden_query(set_statements(client.params, server.params))
+            server.send_parameters(client.params)
         data = client.take_outbox(server)
         if data:
             if pool.waiting and server.statements.last_neutral:
@@ -741,7 +740,8 @@ class Pooler:
             return
         server = client.server
         if server.client is not client:
-            client.cancel_held = True  # queued behind another client's query: not yet
+            # Queued in a pipeline: any query it might hit is another client's (pipeline.py).
+            log.info("%r: cancel request dropped: its query is queued behind another's", client)
             return
         self._spawn(_send_cancel(server.host, server.port, server.backend_pid,
                                  server.backend_secret))

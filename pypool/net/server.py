@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from ..auth.md5 import md5_response_from_secret
 from ..auth.scram import MECHANISM, ScramAuthError, ScramClientLogin
 from ..pooling import prepared
+from ..pooling.params import set_statements
 from ..protocol import messages as m
 from ..protocol.framing import MessageBuffer
 from .flow_control import ReadingSwitch
@@ -96,6 +97,8 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.connect_time = now
         self.request_time = now  # when last linked or released
         self.hidden_syncs = 0
+        self._setting: list[str] = []  # parameters a hidden SET in flight changes
+        self._set_failed = False
         # Clients whose transactions are queued on this server behind the linked client's,
         # in order (net/pipeline.py); their replies follow its ReadyForQuery.
         self.chain: deque[ClientConnection] = deque()
@@ -180,6 +183,18 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         assert self.transport is not None
         self.hidden_syncs += 1
         self.transport.write(m.query(sql))
+
+    def send_parameters(self, wanted: dict[str, str]) -> None:
+        """SET the parameters whose values differ from `wanted` (the linked client's).
+
+        PostgreSQL sends a ParameterStatus only when a value changes: a SET of another
+        spelling of the current value (client_encoding 'utf-8' for UTF8, DateStyle ISO for
+        "ISO, MDY") changes nothing and says nothing. So once the SET has succeeded, the
+        client's values become the server's, whichever way it went; else the next link would
+        send the same SET again."""
+        self._setting = [name for name, value in wanted.items() if self.params.get(name) != value]
+        self._set_failed = False
+        self.send_hidden_query(set_statements(wanted, self.params))
 
     # --- login ----------------------------------------------------------------------------
 
@@ -450,11 +465,19 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
     def _hidden_message(self, kind: int, body: bytes) -> None:
         if kind == m.READY_FOR_QUERY:
             self.hidden_syncs -= 1
+            if self._setting:
+                names, self._setting = self._setting, []
+                client = self.client
+                if client is not None and not self._set_failed:
+                    for name in names:
+                        if name in self.params:
+                            client.params_seen(name, self.params[name])
         elif kind == m.PARAMETER_STATUS:
             self._parameter_status(body)
         elif kind == m.COMMAND_COMPLETE:
             self.statements.command_tag(body)  # a reset query's DISCARD ALL
         elif kind == m.ERROR_RESPONSE:
+            self._set_failed = True
             fields = m.parse_error_fields(body)
             log.warning("%r: pooler-issued query failed: %s %s", self, fields.get("C"),
                         fields.get("M"))

@@ -33,6 +33,16 @@ def canonical_name(name: str, extra: tuple[str, ...] = ()) -> str | None:
     return None
 
 
+def same_encoding(a: str, b: str) -> bool:
+    """Whether two client_encoding spellings name one encoding, as PostgreSQL matches them
+    (case, and anything but letters and digits, ignored: 'utf-8' is UTF8; UNICODE too)."""
+    def clean(value: str) -> str:
+        cleaned = "".join(ch for ch in value.lower() if ch.isalnum())
+        return "utf8" if cleaned == "unicode" else cleaned
+
+    return clean(a) == clean(b)
+
+
 def quote_literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
