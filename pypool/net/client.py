@@ -415,28 +415,54 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self._forward(data)
             return
         self._skip = 0
-        was_pending = self.pending or self.unsynced
+        server = self.server
+        if pos == 0 and self.statements is not None and not self.unsynced:
+            # The steady state of libpq-style drivers: one whole Bind, Describe, Execute,
+            # Sync of a prepared statement, done in one step (ServerStatements.bind_segment).
+            bind_end = prepared.driver_segment(data)
+            if 13 <= bind_end <= self._max_packet:
+                st = server.statements if server is not None else None
+                fast: bytes | None = data
+                if st is not None:
+                    try:
+                        fast = st.bind_segment(data, bind_end)
+                    except (ValueError, IndexError):
+                        fast = None  # malformed: the general path below says so
+                if fast is not None:
+                    if not self.pending:
+                        self.query_start = self.pooler.now()
+                    self.pending += 1
+                    self._forward(fast)
+                    if st is not None and server is not None:
+                        self._sent(server, st)
+                    return
+        pending = self.pending
+        unsynced = self.unsynced
+        was_pending = pending or unsynced
+        admin = self.admin is not None
+        max_packet = self._max_packet
         # Prepared statements: messages to rewrite are read whole (so are all messages while
         # there is no server), and `parts` collects the rewritten bytes up to `start`.
         rewriting = self.statements is not None
-        server = self.server
         st = server.statements if rewriting and server is not None else None
         parts: list[bytes] = []
         start = 0
         while n - pos >= 5:
             kind = data[pos]
             size = int.from_bytes(data[pos + 1 : pos + 5], "big") + 1
-            if size < 5 or size > self._max_packet:
+            if size < 5 or size > max_packet:
+                self.pending, self.unsynced = pending, unsynced
                 self._forward(self._rewritten(data, pos, parts, start))
                 raise errors.ClientProtocolError(f"invalid packet length {size - 1}")
             if rewriting:
                 end = pos + size
-                if end > n and (st is None or kind in _WHOLE or st.discarding):
+                if end > n and (st is None or _WHOLE[kind] or st.discarding):
                     break
-                if st is not None and kind in _REQUESTS:
+                if st is not None and _REQUESTS[kind]:
                     try:
                         out = st.from_client(kind, data, pos, end)
                     except (ValueError, IndexError):
+                        self.pending, self.unsynced = pending, unsynced
                         self._forward(self._rewritten(data, pos, parts, start))
                         raise errors.ClientProtocolError(
                             f"malformed message of type {chr(kind)!r}") from None
@@ -448,41 +474,46 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                             parts.append(data[start:pos])
                         parts.append(out)  # type: ignore[arg-type]
                         start = end
-            if kind == m.QUERY or kind == m.FUNCTION_CALL:
-                self.pending += 1
-            elif kind == m.SYNC:
-                self.pending += 1
-                self.unsynced = False
-            elif kind in _EXTENDED:
-                self.unsynced = True
-            elif kind == m.FLUSH:
+            action = _ACTION[kind]
+            if action == _OWES_NOTHING_YET:
+                unsynced = True
+            elif action == _OWES_READY:
+                pending += 1
+                if kind == _SYNC:
+                    unsynced = False
+            elif action == _IS_FLUSH:
                 # Flush asks for pending output and owes no reply of its own: it must not
                 # pin a server (psycopg's pipeline sends one after its Sync). With nothing
                 # owed and no server, it is dropped rather than take a server for nothing.
-                if self.server is None and not self.pending and not self.unsynced and size == 5:
+                if self.server is None and not pending and not unsynced and size == 5:
                     if pos:
                         self._forward(self._rewritten(data, pos, parts, start))
                     data = data[pos + size :]
                     n, pos, parts, start = len(data), 0, [], 0
                     continue
-            elif kind == m.TERMINATE:
+            elif action == _IS_TERMINATE:
+                self.pending, self.unsynced = pending, unsynced
                 if pos:
                     self._forward(self._rewritten(data, pos, parts, start))
                 self.close("client sent Terminate")
                 return
-            elif kind not in _COPY:
+            elif action != _IS_COPY:
+                self.pending, self.unsynced = pending, unsynced
                 if pos:
                     self._forward(self._rewritten(data, pos, parts, start))
                 raise errors.ClientProtocolError(f"unsupported pkt type: {kind}")
-            if self.admin is not None and kind != m.QUERY:
+            if admin and kind != _QUERY:
+                self.pending, self.unsynced = pending, unsynced
                 raise PoolerError("extended query protocol not supported by admin console")
             pos += size
+        self.pending = pending
+        self.unsynced = unsynced
         if pos > n:
             self._skip = pos - n
         elif pos < n:
             self._partial = data[pos:]
             data = data[:pos]
-        if not was_pending and (self.pending or self.unsynced):
+        if not was_pending and (pending or unsynced):
             self.query_start = self.pooler.now()
         if parts:
             if start < len(data):
@@ -490,14 +521,20 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             data = b"".join(parts)
         if data:
             self._forward(data)
-            if (st is not None and st.last_neutral and self.pending == 1 and not self.unsynced
-                    and server is not None):
-                # A whole transaction that ends at its Sync: the next waiting clients may
-                # queue theirs behind it on this server (net/pipeline.py).
-                self.pooler.pipeline(server)
-        if st is not None and st.tracking == 2 and server is not None:
+            if st is not None and server is not None:
+                self._sent(server, st)
+        elif st is not None and st.tracking == 2 and server is not None:
             if server.client is self and server.at_message_boundary():
                 self.write(st.emit_synthetic())
+
+    def _sent(self, server: ServerConnection, st: prepared.ServerStatements) -> None:
+        """After the client's messages went to its server: let waiting clients queue behind
+        a whole transaction that ends at its Sync (net/pipeline.py); send what the pooler
+        answers itself when it is the client's turn."""
+        if st.last_neutral and self.pending == 1 and not self.unsynced:
+            self.pooler.pipeline(server)
+        if st.tracking == 2 and server.client is self and server.at_message_boundary():
+            self.write(st.emit_synthetic())
 
     @staticmethod
     def _rewritten(data: bytes, pos: int, parts: list[bytes], start: int) -> bytes:
@@ -531,13 +568,21 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
 
     def _rewrite_whole(self, st: prepared.ServerStatements, data: bytes) -> bytes:
         """Rewrite whole, already counted messages; on WAIT keep the rest in `_held`."""
+        bind_end = prepared.driver_segment(data) if data else 0
+        if bind_end:
+            try:
+                fast = st.bind_segment(data, bind_end)
+            except (ValueError, IndexError):
+                fast = None  # malformed: found and reported below
+            if fast is not None:
+                return fast
         parts = []
         start = pos = 0
         n = len(data)
         while pos < n:
             kind = data[pos]
             end = pos + 1 + int.from_bytes(data[pos + 1 : pos + 5], "big")
-            if kind in _REQUESTS:
+            if _REQUESTS[kind]:
                 try:
                     out = st.from_client(kind, data, pos, end)
                 except (ValueError, IndexError):
@@ -622,12 +667,30 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self.fail(PoolerError("transaction blocks not allowed in statement pooling mode"))
 
 
-_EXTENDED = frozenset((m.PARSE, m.BIND, m.DESCRIBE, m.EXECUTE, m.CLOSE))
-_COPY = frozenset((m.COPY_DATA, m.COPY_DONE, m.COPY_FAIL))
+def _table(*kinds: int, value: int = 1) -> tuple[int, ...]:
+    """A tuple indexed by message type byte: `value` for `kinds`, else 0 (a tuple index is
+    the cheapest lookup the hot path can make)."""
+    return tuple(value if kind in kinds else 0 for kind in range(256))
+
+
+# What each frontend message type means for the reply bookkeeping (0: not allowed here).
+_OWES_READY, _OWES_NOTHING_YET, _IS_FLUSH, _IS_TERMINATE, _IS_COPY = 1, 2, 3, 4, 5
+_ACTION = tuple(
+    a or b or c or d or e for a, b, c, d, e in zip(
+        _table(m.QUERY, m.FUNCTION_CALL, m.SYNC, value=_OWES_READY),
+        _table(m.PARSE, m.BIND, m.DESCRIBE, m.EXECUTE, m.CLOSE, value=_OWES_NOTHING_YET),
+        _table(m.FLUSH, value=_IS_FLUSH),
+        _table(m.TERMINATE, value=_IS_TERMINATE),
+        _table(m.COPY_DATA, m.COPY_DONE, m.COPY_FAIL, value=_IS_COPY),
+        strict=True,
+    )
+)
+_QUERY = m.QUERY
+_SYNC = m.SYNC
 # Prepared statements: what the rewriting reads whole, and the requests it queues.
-_WHOLE = frozenset((m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.QUERY))
-_REQUESTS = frozenset((m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.EXECUTE, m.SYNC, m.QUERY,
-                       m.FUNCTION_CALL))
+_WHOLE = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.QUERY)
+_REQUESTS = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.EXECUTE, m.SYNC, m.QUERY,
+                   m.FUNCTION_CALL)
 
 
 def _scram_matches(verifier: ScramVerifier, password: str) -> bool:

@@ -189,6 +189,14 @@ def sync() -> bytes:
     return message(SYNC)
 
 
+def describe_portal(portal: bytes = b"") -> bytes:
+    return message(DESCRIBE, b"P" + portal + b"\x00")
+
+
+def execute(portal: bytes = b"", max_rows: int = 0) -> bytes:
+    return message(EXECUTE, portal + b"\x00" + _INT32.pack(max_rows))
+
+
 # --- parsers ------------------------------------------------------------------------------
 
 

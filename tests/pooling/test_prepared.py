@@ -21,6 +21,7 @@ from pypool.pooling.prepared import (
     ClientStatements,
     Registry,
     ServerStatements,
+    driver_segment,
     parse_sql_command,
 )
 from pypool.protocol import messages as m
@@ -655,3 +656,114 @@ def test_plain_queries_stay_on_the_hot_path():
     assert link.server.tracking == 0 and len(link.server.queue) == 2
     link.reply(ROW_DESCRIPTION, ROW, complete(b"SELECT 1"), ready())
     assert link.server.tracking == 0 and len(link.server.queue) == 1
+
+
+# --- the driver fast path and the pipelining verdict ----------------------------------------
+
+
+def prepared_link(registry: Registry, sql: bytes = SQL) -> Link:
+    """A client whose statement "s" is prepared on its server, the replies all in."""
+    link = Link(registry=registry)
+    link.send(parse(b"s", sql), SYNC)
+    link.reply(PARSE_COMPLETE, ready())
+    link.take()
+    return link
+
+
+def state(st: ServerStatements) -> tuple[object, ...]:
+    """What a ServerStatements holds, statements by name (two registries never share one)."""
+    def named(value: object) -> object:
+        if isinstance(value, (tuple, list)):
+            return type(value)(named(item) for item in value)
+        return getattr(value, "name", value)
+
+    return (named(list(st.queue)), st.tracking, st.readies_queued, st.segment,
+            st.last_neutral, st.open_count, [(k.name, v) for k, v in st.lru.items()])
+
+
+@pytest.mark.parametrize("tail", [describe(b"P", b"") + execute() + SYNC, execute() + SYNC])
+def test_bind_segment_does_what_message_by_message_does(tail: bytes) -> None:
+    fast, slow = prepared_link(Registry()), prepared_link(Registry())
+    data = bind(b"s", params=(b"7",)) + tail
+    bind_end = driver_segment(data)
+    assert bind_end == len(bind(b"s", params=(b"7",)))
+    out = fast.server.bind_segment(data, bind_end)
+    slow.send(data)
+    assert out == slow.to_server == bind(b"PYPOOL_1", params=(b"7",)) + tail
+    assert state(fast.server) == state(slow.server)
+    assert (fast.stats.prepared_hits, fast.stats.bind_count) == (
+        slow.stats.prepared_hits, slow.stats.bind_count)
+    # The replies stream through to the ReadyForQuery either way.
+    for link in (fast, slow):
+        link.reply(BIND_COMPLETE, ROW_DESCRIPTION, ROW, complete(b"SELECT 1"), ready())
+        assert link.to_client.endswith(ready()) and not link.server.queue
+
+
+def test_bind_segment_leaves_the_rest_to_the_general_path() -> None:
+    link = prepared_link(Registry())
+    st = link.server
+    unknown = bind(b"nope") + execute() + SYNC
+    assert st.bind_segment(unknown, driver_segment(unknown)) is None
+    unnamed = bind(b"") + execute() + SYNC
+    assert st.bind_segment(unnamed, driver_segment(unnamed)) is None
+    # A statement this server lacks needs a Parse first.
+    other = Link(registry=link.registry)
+    other.client.names[b"s"] = link.client.names[b"s"]
+    data = bind(b"s") + execute() + SYNC
+    assert other.server.bind_segment(data, driver_segment(data)) is None
+    assert not st.queue and not other.server.queue  # nothing was queued on the way
+
+
+@pytest.mark.parametrize("data", [
+    bind(b"s") + execute() + FLUSH,
+    bind(b"s") + execute(),
+    bind(b"s") + msg(b"E", b"\0" + struct.pack("!I", 10)) + SYNC,  # a row limit
+    bind(b"s") + describe(b"S", b"s") + execute() + SYNC,
+    parse(b"s", SQL) + bind(b"s") + execute() + SYNC,
+    execute() + SYNC,
+])
+def test_driver_segment_is_only_that_shape(data: bytes) -> None:
+    assert driver_segment(data) == 0
+
+
+@pytest.mark.parametrize(("sql", "neutral"), [
+    (b"SELECT $1::int", True),
+    (b"  insert into t values ($1)", True),
+    (b"WITH x AS (SELECT 1) SELECT * FROM x", True),
+    (b"BEGIN", False),
+    (b"COMMIT", False),
+    (b"/* a comment */ SELECT 1", False),
+    (b"CALL p()", False),
+])
+def test_a_segment_is_neutral_only_with_neutral_statements(sql: bytes, neutral: bool) -> None:
+    link = prepared_link(Registry(), sql)
+    link.send(bind(b"s"), describe(b"P", b""), execute(), SYNC)
+    assert link.server.last_neutral is neutral
+
+
+def test_a_segment_with_a_parse_or_an_unnamed_statement_is_not_neutral() -> None:
+    link = prepared_link(Registry())
+    replies = (PARSE_COMPLETE, BIND_COMPLETE, ROW, complete(b"SELECT 1"), ready())
+    link.send(parse(b"t", b"SELECT 2"), bind(b"t"), execute(), SYNC)
+    assert link.server.last_neutral is False
+    link.reply(*replies)
+    link.send(parse(b"", b"SELECT 3"), bind(b""), execute(), SYNC)
+    assert link.server.last_neutral is False
+    link.reply(*replies)
+    link.send(bind(b"s"), execute(), SYNC)
+    assert link.server.last_neutral is True
+
+
+@pytest.mark.parametrize(("sql", "neutral"), [
+    (b"SELECT abalance FROM pgbench_accounts WHERE aid = 1;", True),
+    (b"select 1", True),
+    (b"SELECT 1; BEGIN", False),
+    (b"SELECT ';'", False),  # a semicolon anywhere but at the end: not looked into
+    (b"BEGIN", False),
+    (b"UPDATE t SET x = 1;;", True),
+])
+def test_a_simple_query_is_neutral_when_it_is_one_neutral_statement(sql: bytes,
+                                                                    neutral: bool) -> None:
+    link = Link()
+    link.send(query(sql))
+    assert link.server.last_neutral is neutral

@@ -74,11 +74,11 @@ statement is closed (CloseComplete swallowed), unless it was used in the current
 
 from .registry import PREFIX, PROBE, ClientStatements, Registry, Statement, totals
 from .requests import FORWARD, OP_RENAME, READY, REPLACE, SWALLOW, WAIT, Wait
-from .rewriter import ServerStatements
+from .rewriter import ServerStatements, driver_segment
 from .sql import SqlCommand, parse_sql_command
 
 __all__ = [
     "FORWARD", "OP_RENAME", "PREFIX", "PROBE", "READY", "REPLACE", "SWALLOW", "WAIT",
     "ClientStatements", "Registry", "ServerStatements", "SqlCommand", "Statement", "Wait",
-    "parse_sql_command", "totals",
+    "driver_segment", "parse_sql_command", "totals",
 ]

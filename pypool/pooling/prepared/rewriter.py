@@ -69,6 +69,26 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pypool.prepared")
 
+# What follows the Bind in a libpq-style execution of a prepared statement (PQexecPrepared:
+# Describe of the unnamed portal, Execute of it with no row limit, Sync; some drivers leave
+# the Describe out).
+_DESCRIBE_EXECUTE_SYNC = m.describe_portal() + m.execute() + m.sync()
+_EXECUTE_SYNC = m.execute() + m.sync()
+
+
+def driver_segment(data: bytes) -> int:
+    """If `data` is exactly Bind, [Describe portal,] Execute, Sync of the unnamed portal (the
+    steady state of libpq-style drivers), the end of the Bind; else 0."""
+    if data[0] != 66 or len(data) < 20:  # B
+        return 0
+    bind_end = 1 + int.from_bytes(data[1:5], "big")
+    tail = len(data) - bind_end
+    if tail == 22:
+        return bind_end if data.endswith(_DESCRIBE_EXECUTE_SYNC) else 0
+    if tail == 15:
+        return bind_end if data.endswith(_EXECUTE_SYNC) else 0
+    return 0
+
 
 def _ambiguous(renames: list[tuple[Statement, bytes]]) -> bool:
     """Whether one statement goes by two client names in these."""
@@ -229,6 +249,41 @@ class ServerStatements:
         if len(queue) == 1:
             self.tracking = 1  # what _retrack would say of these at the head
         return None
+
+    def bind_segment(self, data: bytes, bind_end: int) -> bytes | None:
+        """The steady state of libpq-style drivers in one call: `data` is exactly a Bind of
+        a named statement (data[:bind_end]), then Describe and Execute of the unnamed portal
+        (or Execute alone) and a Sync (see `driver_segment`). When the statement is on this
+        server and nothing earlier is pending a decision, the segment is rewritten and queued
+        as `from_client` message by message would end up doing (Bind renamed, the requests
+        folded into the Sync); else None, and the caller goes message by message."""
+        if self.discarding or self.blocked or self.undoable or self.open_count:
+            return None
+        portal_end = data.index(0, 5, bind_end)
+        name_end = data.index(0, portal_end + 1, bind_end)
+        client = self.client
+        if name_end == portal_end + 1 or client is None:
+            return None
+        name = data[portal_end + 1 : name_end]
+        stmt = client.names.get(name)
+        lru = self.lru
+        if stmt is None or stmt not in lru:
+            return None
+        lru.move_to_end(stmt)
+        lru[stmt] = self.epoch
+        stats = self.stats
+        if stats is not None:
+            stats.prepared_hits += 1
+            stats.bind_count += 1
+        self.queue.append((W_SYNC, False, OP_RENAME, None, None, self.segment, [(stmt, name)]))
+        self.readies_queued += 1
+        self.segment += 1
+        self.last_neutral = stmt.neutral
+        self._retrack()
+        server_name = stmt.name
+        size = bind_end - 1 - len(name) + len(server_name)
+        return b"".join((b"B", size.to_bytes(4, "big"), data[5 : portal_end + 1], server_name,
+                         data[name_end:]))
 
     def _other(self, kind: int, data: bytes, pos: int, end: int) -> bytes | Wait | None:
         if kind != 72:  # anything but Flush
