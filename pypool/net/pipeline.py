@@ -148,3 +148,6 @@ def hand_on(pooler: Pooler, server: ServerConnection) -> None:
     client.link_time = now
     client.query_start = now
     server.request_time = now
+    # Top the line up again, so the server never runs dry while clients wait.
+    if pool.waiting or not server.open_line:
+        extend(pooler, server)
