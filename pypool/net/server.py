@@ -62,6 +62,12 @@ for _state, _targets in _ALLOWED.items():
     _state.next_states = tuple(_targets)  # type: ignore[attr-defined]
 
 _ids = iter(range(1, 1 << 62))
+# Replies the hot path passes through without a look, indexed by type byte (every type but
+# ReadyForQuery, ParameterStatus, ErrorResponse and CommandComplete).
+_STREAMED = tuple(
+    kind not in (m.READY_FOR_QUERY, m.PARAMETER_STATUS, m.ERROR_RESPONSE, m.COMMAND_COMPLETE)
+    for kind in range(256)
+)
 
 
 class ServerLoginError(Exception):
@@ -317,6 +323,14 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         while n - pos >= 5:
             kind = data[pos]
             end = pos + 1 + int.from_bytes(data[pos + 1 : pos + 5], "big")
+            if _STREAMED[kind] and not st.tracking and not self.hidden_syncs:
+                # BindComplete, RowDescription, DataRow, ...: nothing to act on.
+                if end > n:
+                    self._skip = end - n
+                    pos = n
+                    break
+                pos = end
+                continue
             if st.tracking and not self.hidden_syncs:
                 # The slow path: this reply is matched to the request at the queue's head.
                 client = self.client

@@ -275,11 +275,13 @@ class ServerStatements:
         if stats is not None:
             stats.prepared_hits += 1
             stats.bind_count += 1
-        self.queue.append((W_SYNC, False, OP_RENAME, None, None, self.segment, [(stmt, name)]))
+        queue = self.queue
+        queue.append((W_SYNC, False, OP_RENAME, None, None, self.segment, [(stmt, name)]))
+        if len(queue) == 1:
+            self.tracking = 0  # `_retrack` of a folded segment at the head; else unchanged
         self.readies_queued += 1
         self.segment += 1
         self.last_neutral = stmt.neutral
-        self._retrack()
         server_name = stmt.name
         size = bind_end - 1 - len(name) + len(server_name)
         return b"".join((b"B", size.to_bytes(4, "big"), data[5 : portal_end + 1], server_name,
