@@ -338,6 +338,46 @@ def test_nothing_is_queued_behind_a_prepared_begin(pooler, postgres, app_table) 
     assert backends_idle_in_transaction(postgres) == 0
 
 
+def test_nothing_is_queued_behind_an_unnamed_begin(pooler, postgres, app_table) -> None:
+    """The same with the unnamed statement (Parse "" of BEGIN, as a driver's one-off query
+    would send it): B is not written behind it; the unnamed SELECT after the ROLLBACK is."""
+    s = start(pooler, pool_size=1)
+    insert = f"INSERT INTO {app_table} VALUES ($1::int)"
+    holder, a, b = Client(s), Client(s), Client(s)
+    b.send(pgwire.parse("ins", insert) + execute("ins", "0") + pgwire.sync())
+    assert b.reply().error is None
+    postgres.execute(f"DELETE FROM {app_table}", dbname="app")
+    begin(holder)
+    before = s.metric(WAITING)
+    a.send(pgwire.parse("", "BEGIN") + execute("") + pgwire.sync())
+    s.wait_metric(WAITING, before + 1)
+    b.run("ins", "2")
+    s.wait_metric(WAITING, before + 2)
+    commit(holder)
+    got = a.reply()
+    assert (got.tags, got.error, got.status) == (["BEGIN"], None, "T")
+    assert b.silent_for(0.5), "B got a reply while A's transaction was open"
+    a.send(m.query("ROLLBACK"))
+    assert a.reply().status == "I"
+    got = b.reply()
+    assert (got.tags, got.error, got.status) == (["INSERT 0 1"], None, "I")
+    assert s.metric(PIPELINED) == 0
+    # A neutral unnamed statement does let the next client in behind it.
+    begin(holder)
+    before = s.metric(WAITING)
+    a.send(pgwire.parse("", "SELECT 1 FROM pg_sleep(0.2)") + execute("") + pgwire.sync())
+    s.wait_metric(WAITING, before + 1)
+    b.run("ins", "3")
+    s.wait_metric(WAITING, before + 2)
+    commit(holder)
+    assert a.reply().rows == [("1",)]
+    assert b.reply().tags == ["INSERT 0 1"]
+    assert s.metric(PIPELINED) == 1
+    rows = postgres.execute(f"SELECT x FROM {app_table} ORDER BY x", dbname="app")
+    assert [tuple(r) for r in rows] == [(2,), (3,)]
+    assert backends_idle_in_transaction(postgres) == 0
+
+
 def test_clients_queued_behind_a_neutral_select_get_their_own_replies(pooler) -> None:
     """A runs a prepared SELECT pg_sleep(0.3); B and C, queued behind it on the same server,
     each get their own value, right after A's."""

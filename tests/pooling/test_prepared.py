@@ -741,17 +741,27 @@ def test_a_segment_is_neutral_only_with_neutral_statements(sql: bytes, neutral: 
     assert link.server.last_neutral is neutral
 
 
-def test_a_segment_with_a_parse_or_an_unnamed_statement_is_not_neutral() -> None:
+def test_a_segment_with_a_named_parse_is_not_neutral() -> None:
     link = prepared_link(Registry())
     replies = (PARSE_COMPLETE, BIND_COMPLETE, ROW, complete(b"SELECT 1"), ready())
     link.send(parse(b"t", b"SELECT 2"), bind(b"t"), execute(), SYNC)
     assert link.server.last_neutral is False
     link.reply(*replies)
-    link.send(parse(b"", b"SELECT 3"), bind(b""), execute(), SYNC)
-    assert link.server.last_neutral is False
-    link.reply(*replies)
     link.send(bind(b"s"), execute(), SYNC)
     assert link.server.last_neutral is True
+
+
+@pytest.mark.parametrize(("sql", "neutral"), [
+    (b"SELECT 3", True), (b"BEGIN", False), (b"ROLLBACK", False), (b"-- x\nSELECT 1", False),
+])
+def test_the_unnamed_statement_is_neutral_by_its_text(sql: bytes, neutral: bool) -> None:
+    link = prepared_link(Registry())
+    link.send(parse(b"", sql), bind(b""), describe(b"P", b""), execute(), SYNC)
+    assert link.server.last_neutral is neutral
+    link.reply(PARSE_COMPLETE, BIND_COMPLETE, NO_DATA, complete(b"SELECT 1"), ready())
+    # A Bind of it in a later segment goes by the same text.
+    link.send(bind(b""), execute(), SYNC)
+    assert link.server.last_neutral is neutral
 
 
 @pytest.mark.parametrize(("sql", "neutral"), [

@@ -24,6 +24,11 @@ PROBE = PREFIX + b"0"
 _NEUTRAL = re.compile(rb"[\s(]*(?:select|insert|update|delete|with|values|table)\b", re.I)
 
 
+def neutral_text(data: bytes, start: int) -> bool:
+    """Whether the statement text at data[start:] starts as a neutral one (see `Statement`)."""
+    return _NEUTRAL.match(data, start) is not None
+
+
 def neutral_query(data: bytes, start: int, end: int) -> bool:
     """Whether the simple Query text data[start:end] is one neutral statement (as
     `Statement.neutral`): no semicolon but trailing ones, even inside a string literal."""

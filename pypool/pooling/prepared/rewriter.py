@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING
 
 from ...protocol import errors
 from ...protocol import messages as m
-from .registry import PROBE, ClientStatements, Registry, Statement, neutral_query
+from .registry import (
+    PROBE,
+    ClientStatements,
+    Registry,
+    Statement,
+    neutral_query,
+    neutral_text,
+)
 from .requests import (
     CLOSE_COMPLETE,
     COMPLETES,
@@ -133,6 +140,7 @@ class ServerStatements:
         # Sync. The pooler may queue another client's transaction behind such a segment.
         self.open_neutral = True
         self.last_neutral = False
+        self.unnamed_neutral = False  # the last unnamed Parse sent here holds a neutral text
         self.blocked = False  # a WAIT was returned; the client waits for the queue to move
         # Requests whose effect an error may still undo, by segment: while an earlier
         # segment has some, a statement name is not looked up (WAIT), since its answer may
@@ -153,6 +161,7 @@ class ServerStatements:
         self.open_renames.clear()
         self.open_neutral = True
         self.last_neutral = False
+        self.unnamed_neutral = False
         if not client.sql:
             return b""
         out = []
@@ -227,15 +236,19 @@ class ServerStatements:
         elif kind == 66:  # B
             if data[pos + 5] or data[pos + 6]:
                 return self._bind(data, pos, end)
-            self.open_neutral = False  # the unnamed statement: its text is not looked at
+            if not self.unnamed_neutral:
+                self.open_neutral = False
             plain = PLAIN_BIND
         elif kind == 83:  # S
             self._sync()
             return None
         elif kind == 80:  # P
-            self.open_neutral = False
             if data[pos + 5]:
+                self.open_neutral = False
                 return self._parse(data, pos, end)
+            # The unnamed statement (pgbench -M extended, most ORMs' one-off queries): its
+            # text says whether a Bind of it is neutral.
+            self.unnamed_neutral = neutral_text(data, pos + 6)
             plain = PLAIN_PARSE
         elif kind == 68:  # D
             if data[pos + 5] != 80:  # "P"
