@@ -11,10 +11,10 @@ its own, exactly as if it had been linked then. PgBouncer always waits for the r
 
 "Sure to be over at its Sync" is decided by the prepared-statement layer
 (`ServerStatements.last_neutral`): the client was idle (its last ReadyForQuery said `I`)
-and its transaction is one extended-protocol segment of Binds of named statements whose
-text starts with SELECT, INSERT, UPDATE, DELETE, WITH, VALUES or TABLE (none can open or
-end a transaction block), with Describe and Execute of portals, or one simple Query holding
-one such statement. That is the steady state of every driver with prepared statements. An
+and its transaction is one extended-protocol segment of Binds of statements (named, or the
+unnamed one) whose text starts with SELECT, INSERT, UPDATE, DELETE, WITH, VALUES or TABLE
+(none can open or end a transaction block), with Describe and Execute of portals, or one
+simple Query holding one such statement. That is the steady state of every driver with prepared statements. An
 error in it makes the server skip to the Sync, which ends the implicit transaction all the
 same.
 
