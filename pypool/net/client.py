@@ -123,6 +123,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self.unsynced = False
         self.close_after_release = False
         self._outbox: list[bytes] = []
+        # A driver segment in the outbox, and the end of its Bind (see _relay's fast path).
+        self._outbox_segment: tuple[bytes, int] = (b"", 0)
         # Prepared-statement rewriting (None when off: session mode, max_prepared_statements
         # = 0, the admin console). While `_blocked`, what the client sends waits: uncounted
         # bytes in `_partial`, counted ones taken from the outbox in `_held`.
@@ -432,6 +434,9 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                     if not self.pending:
                         self.query_start = self.pooler.now()
                     self.pending += 1
+                    if st is None and not self._outbox:
+                        # take_outbox need not look again at these very bytes
+                        self._outbox_segment = (fast, bind_end)
                     self._forward(fast)
                     if st is not None and server is not None:
                         self._sent(server, st)
@@ -559,12 +564,29 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
     def take_outbox(self, server: ServerConnection | None = None) -> bytes:
         """What the client sent while it had no server, for `server` that it is linked to
         now (rewritten for it when prepared statements are)."""
-        data = b"".join(self._outbox)
-        self._outbox.clear()
+        outbox = self._outbox
+        segment, bind_end = self._outbox_segment
+        self._outbox_segment = (b"", 0)
+        if len(outbox) == 1:
+            data = outbox[0]
+            if data is not segment:
+                bind_end = 0
+        else:
+            data = b"".join(outbox)
+            bind_end = 0
+        outbox.clear()
         if self.statements is None or server is None:
             return data
         st = server.statements
-        return st.attach(self.statements) + self._rewrite_whole(st, data)
+        hidden = st.attach(self.statements)
+        if bind_end and not hidden:
+            try:
+                fast = st.bind_segment(data, bind_end)
+            except (ValueError, IndexError):
+                fast = None  # malformed: found and reported by _rewrite_whole
+            if fast is not None:
+                return fast
+        return hidden + self._rewrite_whole(st, data)
 
     def _rewrite_whole(self, st: prepared.ServerStatements, data: bytes) -> bytes:
         """Rewrite whole, already counted messages; on WAIT keep the rest in `_held`."""
@@ -652,7 +674,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         mode = pool.limits.pool_mode
         if status == m.TX_IDLE:
             if mode != "session":
-                self.pooler.release(self)
+                self.pooler.release(self, now)
             else:
                 stats.xact_count += 1
         elif self.state is ClientState.CLOSED or (

@@ -14,9 +14,9 @@ its own, exactly as if it had been linked then. PgBouncer always waits for the r
 and its transaction is one extended-protocol segment of Binds of statements (named, or the
 unnamed one) whose text starts with SELECT, INSERT, UPDATE, DELETE, WITH, VALUES or TABLE
 (none can open or end a transaction block), with Describe and Execute of portals, or one
-simple Query holding one such statement. That is the steady state of every driver with prepared statements. An
-error in it makes the server skip to the Sync, which ends the implicit transaction all the
-same.
+simple Query holding one such statement. That is the steady state of every driver with
+prepared statements. An error in it makes the server skip to the Sync, which ends the
+implicit transaction all the same.
 
 The server's `client` is the head of the line; `chain` holds the clients queued behind it.
 Every client in the line but the last may not send more to this server (its later requests
@@ -134,16 +134,16 @@ def follow(server: ServerConnection, client: ClientConnection) -> bytes:
     return client.take_outbox(server)
 
 
-def hand_on(pooler: Pooler, server: ServerConnection) -> None:
+def hand_on(pooler: Pooler, server: ServerConnection, now: float) -> None:
     """The head of the line is done: the next client in it is linked from now on."""
     client = server.chain.popleft()
     server.client = client
     pool = server.pool
-    now = pooler.now()
     if client.state is not ClientState.CLOSED:
         stats = pool.stats
-        stats.wait_time_us += int((now - client.wait_start) * 1e6)
-        stats.wait_histogram.observe(now - client.wait_start)
+        waited = now - client.wait_start
+        stats.wait_time_us += int(waited * 1e6)
+        stats.wait_histogram.observe(waited)
         stats.server_assignment_count += 1
     client.link_time = now
     client.query_start = now

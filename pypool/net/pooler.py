@@ -646,30 +646,33 @@ class Pooler:
         clients behind it (net/pipeline.py)."""
         pipeline.extend(self, server)
 
-    def release(self, client: ClientConnection) -> None:
+    def release(self, client: ClientConnection, now: float = 0.0) -> None:
         """The client's transaction ended and nothing is owed: its server goes back."""
         server = client.server
         assert server is not None and client.pool is not None
-        now = self.now()
+        now = now or self.now()
         stats = client.pool.stats
         stats.xact_count += 1
-        stats.xact_time_us += int((now - client.link_time) * 1e6)
-        stats.xact_histogram.observe(now - client.link_time)
+        held = now - client.link_time
+        stats.xact_time_us += int(held * 1e6)
+        stats.xact_histogram.observe(held)
         client.server = None
         server.client = None
-        server.resume_reading()
+        if server._reading_paused:
+            server.resume_reading()
         if client.state is ClientState.CLOSED:  # it left while queued in a pipeline
             if server.chain:
-                pipeline.hand_on(self, server)
+                pipeline.hand_on(self, server, now)
             elif server.statements.detach():
                 self.server_available(server)
             else:
                 server.close("prepared-statement replies out of step")
             return
-        client.resume_reading()
+        if client._reading_paused:
+            client.resume_reading()
         client.set_state(ClientState.IDLE)
         if server.chain:
-            pipeline.hand_on(self, server)
+            pipeline.hand_on(self, server, now)
         elif server.statements.detach():
             self.server_available(server)
         else:
