@@ -536,8 +536,11 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         """After the client's messages went to its server: let waiting clients queue behind
         a whole transaction that ends at its Sync (net/pipeline.py); send what the pooler
         answers itself when it is the client's turn."""
-        if st.last_neutral and self.pending == 1 and not self.unsynced:
-            self.pooler.pipeline(server)
+        if self.pending == 1 and not self.unsynced and st.last_neutral is not False:
+            pool = server.pool
+            if (pool.server_count >= pool.limits.pool_size
+                    and (pool.waiting or not server.open_line) and st.neutral_tail()):
+                self.pooler.pipeline(server)
         if st.tracking == 2 and server.client is self and server.at_message_boundary():
             self.write(st.emit_synthetic())
 

@@ -107,7 +107,7 @@ def can_follow_any(server: ServerConnection) -> bool:
     st = server.statements
     return not (last is None or last.pending != 1 or last.unsynced
                 or last.tx_status != m.TX_IDLE or last._blocked or last._partial or last._skip
-                or server.hidden_syncs or server.close_reason or not st.last_neutral
+                or server.hidden_syncs or server.close_reason or not st.neutral_tail()
                 or st.undoable or st.blocked or st.discarding)
 
 

@@ -635,7 +635,7 @@ class Pooler:
             server.send_parameters(client.params)
         data = client.take_outbox(server)
         if data:
-            if pool.waiting and server.statements.last_neutral:
+            if pool.waiting and server.statements.neutral_tail():
                 pipeline.extend(self, server, data)  # sends data, then the next clients'
                 return
             assert server.transport is not None

@@ -10,7 +10,9 @@ Every reply must be the same on both (see pgwire.summary for what is compared).
 The model is the direct connection itself; the programs are drawn from a seeded
 `random.Random`, so a failure names the seed, client and step that reproduce it. Sizes:
 PYPOOL_MODEL_CLIENTS (default 10), PYPOOL_MODEL_STEPS (groups per client, default 60),
-PYPOOL_MODEL_SEED (default: fixed seeds), over pools of 3 servers.
+PYPOOL_MODEL_SEED (default: fixed seeds), over pools of 3 servers. With more clients than
+servers, clients wait, and transactions get queued behind others on busy servers
+(pipelining, net/pipeline.py): the test checks that happened too.
 """
 
 from __future__ import annotations
@@ -203,14 +205,19 @@ async def test_pooled_replies_match_a_direct_connection(pooler, postgres, seed, 
     assert counts["hits"] > 20, counts
     if cap == "3":
         assert counts["evictions"] > 10, counts
+    # And transactions were queued behind others on busy servers (pipeline_depth).
+    assert counts["pipelined"] > 0, counts
 
 
 def scrape(host: str, port: int) -> dict[str, float]:
     with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
     counts = {}
-    for kind in ("hits", "misses", "evictions"):
-        values = re.findall(rf'^pypool_prepared_statement_{kind}_total{{[^}}]*database="app"'
+    for kind, name in (("hits", "prepared_statement_hits"),
+                       ("misses", "prepared_statement_misses"),
+                       ("evictions", "prepared_statement_evictions"),
+                       ("pipelined", "pipelined_transactions")):
+        values = re.findall(rf'^pypool_{name}_total{{[^}}]*database="app"'
                             rf"[^}}]*}} (\S+)$", text, re.M)
         counts[kind] = sum(float(v) for v in values)
     return counts

@@ -776,4 +776,6 @@ def test_a_simple_query_is_neutral_when_it_is_one_neutral_statement(sql: bytes,
                                                                     neutral: bool) -> None:
     link = Link()
     link.send(query(sql))
+    assert link.server.last_neutral is None  # not looked at until asked
+    assert link.server.neutral_tail() is neutral
     assert link.server.last_neutral is neutral

@@ -139,7 +139,8 @@ class ServerStatements:
         # statements (Statement.neutral), Describe and Execute of portals, folded into one
         # Sync. The pooler may queue another client's transaction behind such a segment.
         self.open_neutral = True
-        self.last_neutral = False
+        self.last_neutral: bool | None = False  # None: a simple Query, not looked at yet
+        self._last_query = (b"", 0, 0)
         self.unnamed_neutral = False  # the last unnamed Parse sent here holds a neutral text
         self.blocked = False  # a WAIT was returned; the client waits for the queue to move
         # Requests whose effect an error may still undo, by segment: while an earlier
@@ -222,7 +223,9 @@ class ServerStatements:
             self.discarding = False
         if kind == 81 and data[pos + 5] not in SQL_FIRST:  # Q: the simple protocol's hot path
             self.open_neutral = False
-            self.last_neutral = neutral_query(data, pos + 5, end - 1)
+            # Looked at only if the pooler asks (`neutral_tail`): most Queries never are.
+            self.last_neutral = None
+            self._last_query = (data, pos + 5, end - 1)
             queue = self.queue
             queue.append(PLAIN_QUERY)  # `_push`, inlined; at the head it needs no tracking
             self.readies_queued += 1
@@ -262,6 +265,15 @@ class ServerStatements:
         if len(queue) == 1:
             self.tracking = 1  # what _retrack would say of these at the head
         return None
+
+    def neutral_tail(self) -> bool:
+        """Whether the last segment (or simple Query) queued here is sure to end the
+        transaction it began, if it began idle (see `last_neutral`)."""
+        neutral = self.last_neutral
+        if neutral is None:
+            neutral = self.last_neutral = neutral_query(*self._last_query)
+            self._last_query = (b"", 0, 0)
+        return neutral
 
     def bind_segment(self, data: bytes, bind_end: int) -> bytes | None:
         """The steady state of libpq-style drivers in one call: `data` is exactly a Bind of
