@@ -1,0 +1,170 @@
+"""A/B runs for the pooler's hot path: pypool variants against PgBouncer on one cluster.
+
+    python3 bench/ab.py [--duration S] [--rounds N] VARIANT ... [-- PGBENCH ARGS]
+
+A VARIANT is a pypool source tree, optionally with `@key=value,...`: lowercase keys are ini
+settings (`@pipeline_depth=0`, `@workers=2`), uppercase ones environment variables for the
+pooler process. `.` is this checkout. PGBENCH ARGS default to `-S -M prepared -c 100
+-j 100` (pool 20, as in bench/run's select-prepared-c100). PgBouncer (bench/run's build,
+same ini) and each variant run in turn, `--rounds` times, a fresh pooler process per run.
+
+Per transaction, each run prints what bench/run does not: the pooler's user and system
+CPU, PostgreSQL's CPU, pgbench's own CPU, the machine's idle time, and from
+/proc/PID/schedstat how long the pooler waited on a run queue and how often it was
+scheduled. On a 2-core box a single-threaded pooler is the bottleneck when its CPU time
+plus its run-queue wait per transaction approaches 1 / TPS: both PgBouncer and pypool get
+there under this load (bench/README.md, "What limits pypool now").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pg_cluster
+import pgbouncer_build
+import poolers
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_PGBENCH = ["-S", "-M", "prepared", "-c", "100", "-j", "100"]
+
+
+def idle_seconds() -> float:
+    fields = open("/proc/stat").readline().split()
+    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(root: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(root)], capture_output=True, text=True)
+    return [root] + [int(pid) for pid in found.stdout.split()]
+
+
+def cpu_split(root: int) -> tuple[float, float]:
+    """User and system CPU seconds of a process and its children (workers)."""
+    user = system = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in process_tree(root):
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        user += int(fields[11]) / tick
+        system += int(fields[12]) / tick
+    return user, system
+
+
+def run_queue(root: int) -> tuple[float, int]:
+    """Seconds spent runnable but waiting for a CPU, and the number of times scheduled."""
+    waited, slices = 0.0, 0
+    for pid in process_tree(root):
+        try:
+            _, wait, count = map(int, open(f"/proc/{pid}/schedstat").read().split())
+        except FileNotFoundError:
+            continue
+        waited += wait / 1e9
+        slices += count
+    return waited, slices
+
+
+def variant(spec: str, index: int, base: poolers.Target, workdir: Path) -> poolers.Target:
+    tree, _, options = spec.partition("@")
+    tree = str(Path(tree).resolve())
+    pairs = dict(item.split("=", 1) for item in options.split(",") if item)
+    ini = {key: value for key, value in pairs.items() if key.islower()}
+    env = {key: value for key, value in pairs.items() if not key.islower()}
+    path = workdir / f"variant{index}.ini"
+    return poolers.Target(
+        f"pypool{index}{'@' + options if options else ''}", "pypool", 0, ini=path,
+        settings=dict(base.settings, **ini),
+        command=[sys.executable, "-m", "pypool", str(path)],
+        popen_kwargs=dict(cwd=tree, env=dict(os.environ, PYTHONPATH=tree, **env)),
+        logfile=workdir / f"variant{index}.log",
+    )
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    pgbench_args = DEFAULT_PGBENCH
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, pgbench_args = argv[:cut], argv[cut + 1 :]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=int, default=8, help="seconds per pgbench run")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("variants", nargs="+", help="pypool tree[@key=value,...]")
+    args = parser.parse_args(argv)
+
+    workdir = Path(tempfile.mkdtemp(prefix="pypool-ab-"))
+    workdir.chmod(0o755)  # the postgres user works in here too
+    cluster = pg_cluster.Cluster(
+        bindir=pg_cluster.newest_bindir(), workdir=workdir, port=poolers.free_port(),
+        user="bench", password="bench-password", dbname="bench",
+    )
+    binary, version, _ = pgbouncer_build.resolve(HERE / ".cache")
+    targets: list[poolers.Target] = []
+    try:
+        cluster.create()
+        cluster.load_pgbench(10)
+        pgbouncer, base = poolers.make_targets(
+            ["pgbouncer", "pypool"], [], cluster, workdir, binary,
+            bool(version and version >= pgbouncer_build.MIN_VERSION),
+        )
+        targets = [pgbouncer] + [
+            variant(spec, n, base, workdir) for n, spec in enumerate(args.variants)
+        ]
+        tps: dict[str, list[float]] = {target.name: [] for target in targets}
+        print(f"pgbench {' '.join(pgbench_args)}, {args.duration} s per run; per transaction:")
+        for _ in range(args.rounds):
+            for target in targets:
+                target.start(cluster)
+                assert target.pid is not None
+                user0, sys0 = cpu_split(target.pid)
+                wait0, slices0 = run_queue(target.pid)
+                pg0, idle0 = cluster.cpu_seconds(), idle_seconds()
+                children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                out = subprocess.run(
+                    [str(cluster.bindir / "pgbench"), "-n", "-T", str(args.duration),
+                     *pgbench_args, *cluster.client_args(target.port)],
+                    env=cluster.client_env(), capture_output=True, text=True,
+                )
+                user1, sys1 = cpu_split(target.pid)
+                wait1, slices1 = run_queue(target.pid)
+                pg1, idle1 = cluster.cpu_seconds(), idle_seconds()
+                children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                target.stop()
+                found = re.search(r"tps = ([\d.]+)", out.stdout)
+                if not found:
+                    print(f"{target.name}: pgbench failed\n{out.stdout[-400:]}{out.stderr[-400:]}")
+                    continue
+                rate = float(found.group(1))
+                tps[target.name].append(rate)
+                per = 1e6 / (rate * args.duration)  # microseconds per transaction per second
+                clients = (children1.ru_utime - children0.ru_utime
+                           + children1.ru_stime - children0.ru_stime)
+                print(f"{target.name:28s} {rate:8.0f} tps  pooler user {(user1 - user0) * per:5.1f}"
+                      f" sys {(sys1 - sys0) * per:5.1f}  runq {(wait1 - wait0) * per:5.1f}"
+                      f" ({(slices1 - slices0) * per / 1e6:.2f} slices)"
+                      f"  postgres {(pg1 - pg0) * per:5.1f}  pgbench {clients * per:5.1f}"
+                      f"  idle {(idle1 - idle0) * per:5.1f} us", flush=True)
+        reference = sorted(tps[pgbouncer.name])
+        for name, rates in tps.items():
+            if rates and reference:
+                median = sorted(rates)[len(rates) // 2]
+                ratio = median / reference[len(reference) // 2]
+                print(f"{name:28s} median {median:8.0f} tps, {ratio:.3f}x PgBouncer")
+    finally:
+        for target in targets:
+            target.stop()
+        cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
