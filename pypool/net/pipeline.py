@@ -52,7 +52,7 @@ def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
     """Queue waiting clients behind the last one on `server` while the line allows; their
     requests go out in one write, after `data` (what the caller was about to send)."""
     pool = server.pool
-    depth = pooler.settings.pooler.pipeline_depth
+    depth = pooler.settings.pooler.pipeline_depth if may_serve_on(pooler, server) else 0
     chain = server.chain
     out = [data]
     # Only while the pool may not open another server: until then, a new one serves sooner.
@@ -77,6 +77,16 @@ def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
         server.transport.write(data)
 
 
+def may_serve_on(pooler: Pooler, server: ServerConnection) -> bool:
+    """Whether `server` may take on more clients: not when it is due to close once free
+    (RECONNECT or a changed [databases] entry, server_lifetime over, database removed), or
+    a line kept topped up under load would keep it from ever being free."""
+    pool = server.pool
+    lifetime = pooler.settings.pooler.server_lifetime
+    return not (pool.removed or (pool.close_needed and server in pool.close_needed)
+                or (lifetime and pooler.now() - server.connect_time > lifetime))
+
+
 def join_open_line(pooler: Pooler, client: ClientConnection) -> bool:
     """A client needs a server and none is idle: queue it on a busy one whose line has room,
     if any (`Pool.open_lines`). False if it must wait."""
@@ -88,7 +98,8 @@ def join_open_line(pooler: Pooler, client: ClientConnection) -> bool:
         server = lines.pop()
         server.open_line = False
         if (len(server.chain) < depth and server.client is not None
-                and server.pool is pool and can_follow(server, client)):
+                and server.pool is pool and may_serve_on(pooler, server)
+                and can_follow(server, client)):
             client.wait_start = pooler.now()
             data = follow(server, client)
             if data:

@@ -635,8 +635,12 @@ class Pooler:
             server.send_parameters(client.params)
         data = client.take_outbox(server)
         if data:
-            if pool.waiting and server.statements.neutral_tail():
-                pipeline.extend(self, server, data)  # sends data, then the next clients'
+            if (pool.server_count >= pool.limits.pool_size
+                    and (pool.waiting or not server.open_line)
+                    and server.statements.neutral_tail()):
+                # Sends data, then the waiting clients' behind it, or lists the server as
+                # one whose line has room.
+                pipeline.extend(self, server, data)
                 return
             assert server.transport is not None
             server.transport.write(data)

@@ -40,6 +40,7 @@ pytestmark = pytest.mark.timeout(30)
 POOL = {"database": "app", "user": "app"}
 PIPELINED = "pypool_pipelined_transactions_total"
 WAITING = "pgbouncer_pools_client_waiting_connections"
+ACTIVE_SERVERS = "pgbouncer_pools_server_active_connections"
 MISSES = "pypool_prepared_statement_misses_total"
 
 # A neutral statement (it starts with SELECT) that sleeps $1 seconds and returns $2.
@@ -75,9 +76,11 @@ class Started:
         )
 
 
-def start(pooler, pool_size: int = 1, depth: int | None = None, trust: bool = True) -> Started:
+def start(pooler, pool_size: int = 1, depth: int | None = None, trust: bool = True,
+          **settings: str) -> Started:
     metrics_port = free_port()
-    overrides = {"default_pool_size": str(pool_size), "metrics_port": str(metrics_port)}
+    overrides = {"default_pool_size": str(pool_size), "metrics_port": str(metrics_port),
+                 **settings}
     if trust:
         overrides["auth_type"] = "trust"
     if depth is not None:
@@ -398,6 +401,25 @@ def test_clients_queued_behind_a_neutral_select_get_their_own_replies(pooler) ->
         client.run("z", "0", value)
         got = client.reply()
         assert (got.rows, got.error, got.status) == ([(value,)], None, "I")
+
+
+def test_no_line_grows_on_a_server_past_its_lifetime(pooler) -> None:
+    """A server due to close once free (here: server_lifetime over) takes no more clients
+    into its line: under a steady load a line kept topped up would keep it from ever being
+    free. B joins A's line while the server is young; C, arriving after its lifetime, waits
+    for a new server."""
+    s = start(pooler, pool_size=1, server_lifetime="2")
+    a, b, c = sleepy_clients(s, 3)  # the one server is born here
+    a.run("z", "3", "1")
+    s.wait_metric(ACTIVE_SERVERS, 1)
+    b.run("z", "0", "2")
+    s.wait_metric(PIPELINED, 1)
+    time.sleep(2.1)  # past the server's lifetime now, with A still running
+    c.run("z", "0", "3")
+    for client, value in ((a, "1"), (b, "2"), (c, "3")):
+        got = client.reply()
+        assert (got.rows, got.error, got.status) == ([(value,)], None, "I"), got.error
+    assert s.metric(PIPELINED) == 1  # C was not queued behind B on the old server
 
 
 # --- 3. a client that dies in the line ------------------------------------------------------------
