@@ -83,6 +83,16 @@ _DESCRIBE_EXECUTE_SYNC = m.describe_portal() + m.execute() + m.sync()
 _EXECUTE_SYNC = m.execute() + m.sync()
 
 
+def _renamed_bind(data: bytes, pos: int, portal_end: int, name_end: int, end: int,
+                  stmt: Statement) -> bytes:
+    """The Bind at data[pos:end], whose statement name ends at `name_end`, naming `stmt`'s
+    server-side name instead."""
+    server_name = stmt.name
+    size = end - pos - 1 - (name_end - portal_end - 1) + len(server_name)
+    return b"".join((b"B", size.to_bytes(4, "big"), data[pos + 5 : portal_end + 1], server_name,
+                     data[name_end:end]))
+
+
 def driver_segment(data: bytes) -> int:
     """If `data` is exactly Bind, [Describe portal,] Execute, Sync of the unnamed portal (the
     steady state of libpq-style drivers), the end of the Bind; else 0."""
@@ -291,15 +301,11 @@ class ServerStatements:
             return None
         name = data[portal_end + 1 : name_end]
         stmt = client.names.get(name)
-        lru = self.lru
-        if stmt is None or stmt not in lru:
+        if stmt is None or stmt not in self.lru:
             return None
-        lru.move_to_end(stmt)
-        lru[stmt] = self.epoch
-        stats = self.stats
-        if stats is not None:
-            stats.prepared_hits += 1
-            stats.bind_count += 1
+        self._ensure(stmt)  # a hit: sends nothing
+        if self.stats is not None:
+            self.stats.bind_count += 1
         queue = self.queue
         queue.append((W_SYNC, False, OP_RENAME, None, None, self.segment, [(stmt, name)]))
         if len(queue) == 1:
@@ -307,10 +313,7 @@ class ServerStatements:
         self.readies_queued += 1
         self.segment += 1
         self.last_neutral = stmt.neutral
-        server_name = stmt.name
-        size = bind_end - 1 - len(name) + len(server_name)
-        return b"".join((b"B", size.to_bytes(4, "big"), data[5 : portal_end + 1], server_name,
-                         data[name_end:]))
+        return _renamed_bind(data, 0, portal_end, name_end, bind_end, stmt) + data[bind_end:]
 
     def _other(self, kind: int, data: bytes, pos: int, end: int) -> bytes | Wait | None:
         if kind != 72:  # anything but Flush
@@ -505,28 +508,16 @@ class ServerStatements:
                               f'prepared statement "{shown(name)}" does not exist')
         if not stmt.neutral:
             self.open_neutral = False
-        lru = self.lru
-        stats = self.stats
-        if stmt in lru:
-            lru.move_to_end(stmt)
-            lru[stmt] = self.epoch
-            out = b""
-            if stats is not None:
-                stats.prepared_hits += 1
-        else:
-            out = self._inject(stmt)
-        if stats is not None:
-            stats.bind_count += 1
+        out = self._ensure(stmt)
+        if self.stats is not None:
+            self.stats.bind_count += 1
         queue = self.queue
         queue.append((W_BIND, False, OP_NAMED, stmt, name, 0, None))  # _push, inlined
         self.open_count += 1
         self.open_renames.append((stmt, name))
         if len(queue) == 1:
             self.tracking = 1
-        server_name = stmt.name
-        size = end - pos - 1 - len(name) + len(server_name)
-        return b"".join((out, b"B", size.to_bytes(4, "big"), data[pos + 5 : portal_end + 1],
-                         server_name, data[name_end:end]))
+        return out + _renamed_bind(data, pos, portal_end, name_end, end, stmt)
 
     def _describe(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
         if data[pos + 5] != 83 or end - pos <= 7:  # a portal, or the unnamed statement
