@@ -424,12 +424,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             bind_end = prepared.driver_segment(data)
             if 13 <= bind_end <= self._max_packet:
                 st = server.statements if server is not None else None
-                fast: bytes | None = data
-                if st is not None:
-                    try:
-                        fast = st.bind_segment(data, bind_end)
-                    except (ValueError, IndexError):
-                        fast = None  # malformed: the general path below says so
+                fast = data if st is None else st.bind_segment(data, bind_end)
                 if fast is not None:
                     if not self.pending:
                         self.query_start = self.pooler.now()
@@ -537,10 +532,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         a whole transaction that ends at its Sync (net/pipeline.py); send what the pooler
         answers itself when it is the client's turn."""
         if self.pending == 1 and not self.unsynced and st.last_neutral is not False:
-            pool = server.pool
-            if (pool.server_count >= pool.limits.pool_size
-                    and (pool.waiting or not server.open_line) and st.neutral_tail()):
-                self.pooler.pipeline(server)
+            self.pooler.pipeline(server)
         if st.tracking == 2 and server.client is self and server.at_message_boundary():
             self.write(st.emit_synthetic())
 
@@ -581,24 +573,15 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         if self.statements is None or server is None:
             return data
         st = server.statements
-        hidden = st.attach(self.statements)
-        if bind_end and not hidden:
-            try:
-                fast = st.bind_segment(data, bind_end)
-            except (ValueError, IndexError):
-                fast = None  # malformed: found and reported by _rewrite_whole
-            if fast is not None:
-                return fast
-        return hidden + self._rewrite_whole(st, data)
+        return st.attach(self.statements) + self._rewrite_whole(st, data, bind_end)
 
-    def _rewrite_whole(self, st: prepared.ServerStatements, data: bytes) -> bytes:
-        """Rewrite whole, already counted messages; on WAIT keep the rest in `_held`."""
-        bind_end = prepared.driver_segment(data) if data else 0
+    def _rewrite_whole(self, st: prepared.ServerStatements, data: bytes,
+                       bind_end: int = 0) -> bytes:
+        """Rewrite whole, already counted messages; on WAIT keep the rest in `_held`.
+        `bind_end`: data is a driver segment with its Bind ending there, if known."""
+        bind_end = bind_end or (prepared.driver_segment(data) if data else 0)
         if bind_end:
-            try:
-                fast = st.bind_segment(data, bind_end)
-            except (ValueError, IndexError):
-                fast = None  # malformed: found and reported below
+            fast = st.bind_segment(data, bind_end)
             if fast is not None:
                 return fast
         parts = []
@@ -700,15 +683,16 @@ def _table(*kinds: int, value: int = 1) -> tuple[int, ...]:
 
 # What each frontend message type means for the reply bookkeeping (0: not allowed here).
 _OWES_READY, _OWES_NOTHING_YET, _IS_FLUSH, _IS_TERMINATE, _IS_COPY = 1, 2, 3, 4, 5
+_ACTIONS = {
+    _OWES_READY: (m.QUERY, m.FUNCTION_CALL, m.SYNC),
+    _OWES_NOTHING_YET: (m.PARSE, m.BIND, m.DESCRIBE, m.EXECUTE, m.CLOSE),
+    _IS_FLUSH: (m.FLUSH,),
+    _IS_TERMINATE: (m.TERMINATE,),
+    _IS_COPY: (m.COPY_DATA, m.COPY_DONE, m.COPY_FAIL),
+}
 _ACTION = tuple(
-    a or b or c or d or e for a, b, c, d, e in zip(
-        _table(m.QUERY, m.FUNCTION_CALL, m.SYNC, value=_OWES_READY),
-        _table(m.PARSE, m.BIND, m.DESCRIBE, m.EXECUTE, m.CLOSE, value=_OWES_NOTHING_YET),
-        _table(m.FLUSH, value=_IS_FLUSH),
-        _table(m.TERMINATE, value=_IS_TERMINATE),
-        _table(m.COPY_DATA, m.COPY_DONE, m.COPY_FAIL, value=_IS_COPY),
-        strict=True,
-    )
+    next((action for action, kinds in _ACTIONS.items() if kind in kinds), 0)
+    for kind in range(256)
 )
 _QUERY = m.QUERY
 _SYNC = m.SYNC

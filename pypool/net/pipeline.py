@@ -48,6 +48,16 @@ if TYPE_CHECKING:
     from .server import ServerConnection
 
 
+def worth_extending(server: ServerConnection) -> bool:
+    """Whether the line on `server` may take more now: the pool may not open another server,
+    someone waits or the server is not yet listed as having room, and its last transaction
+    ends at its Sync (looked at last: for a simple Query it is a regex)."""
+    pool = server.pool
+    return (pool.server_count >= pool.limits.pool_size
+            and (pool.waiting or not server.open_line)
+            and server.statements.neutral_tail())
+
+
 def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
     """Queue waiting clients behind the last one on `server` while the line allows; their
     requests go out in one write, after `data` (what the caller was about to send)."""
@@ -160,5 +170,5 @@ def hand_on(pooler: Pooler, server: ServerConnection, now: float) -> None:
     client.query_start = now
     server.request_time = now
     # Top the line up again, so the server never runs dry while clients wait.
-    if pool.waiting or not server.open_line:
+    if worth_extending(server):
         extend(pooler, server)

@@ -635,9 +635,7 @@ class Pooler:
             server.send_parameters(client.params)
         data = client.take_outbox(server)
         if data:
-            if (pool.server_count >= pool.limits.pool_size
-                    and (pool.waiting or not server.open_line)
-                    and server.statements.neutral_tail()):
+            if pipeline.worth_extending(server):
                 # Sends data, then the waiting clients' behind it, or lists the server as
                 # one whose line has room.
                 pipeline.extend(self, server, data)
@@ -646,9 +644,10 @@ class Pooler:
             server.transport.write(data)
 
     def pipeline(self, server: ServerConnection) -> None:
-        """The linked client has sent a transaction that ends at its Sync: queue waiting
-        clients behind it (net/pipeline.py)."""
-        pipeline.extend(self, server)
+        """The linked client has sent a whole transaction: if it ends at its Sync, queue
+        waiting clients behind it (net/pipeline.py)."""
+        if pipeline.worth_extending(server):
+            pipeline.extend(self, server)
 
     def release(self, client: ClientConnection, now: float = 0.0) -> None:
         """The client's transaction ended and nothing is owed: its server goes back."""

@@ -49,7 +49,7 @@ class Statement:
         self.refs = 0  # client map entries + server LRU entries + queue entries owning one
         # Whether executing it leaves the transaction status as it was: a transaction that
         # begins with it (implicitly, at its Bind) is over at the Sync (see net/pipeline).
-        self.neutral = _NEUTRAL.match(key) is not None
+        self.neutral = neutral_text(key, 0)
 
     def __repr__(self) -> str:
         return f"<Statement {self.name.decode()} refs={self.refs}>"

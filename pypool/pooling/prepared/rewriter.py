@@ -291,11 +291,15 @@ class ServerStatements:
         (or Execute alone) and a Sync (see `driver_segment`). When the statement is on this
         server and nothing earlier is pending a decision, the segment is rewritten and queued
         as `from_client` message by message would end up doing (Bind renamed, the requests
-        folded into the Sync); else None, and the caller goes message by message."""
+        folded into the Sync); else None, and the caller goes message by message (which
+        also reports a malformed Bind)."""
         if self.discarding or self.blocked or self.undoable or self.open_count:
             return None
-        portal_end = data.index(0, 5, bind_end)
-        name_end = data.index(0, portal_end + 1, bind_end)
+        try:
+            portal_end = data.index(0, 5, bind_end)
+            name_end = data.index(0, portal_end + 1, bind_end)
+        except ValueError:
+            return None
         client = self.client
         if name_end == portal_end + 1 or client is None:
             return None
