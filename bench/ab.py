@@ -31,6 +31,7 @@ from pathlib import Path
 import pg_cluster
 import pgbouncer_build
 import poolers
+import procstats
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_PGBENCH = ["-S", "-M", "prepared", "-c", "100", "-j", "100"]
@@ -41,18 +42,13 @@ def idle_seconds() -> float:
     return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
 
 
-def process_tree(root: int) -> list[int]:
-    found = subprocess.run(["pgrep", "-P", str(root)], capture_output=True, text=True)
-    return [root] + [int(pid) for pid in found.stdout.split()]
-
-
 def cpu_split(root: int) -> tuple[float, float]:
     """User and system CPU seconds of a process and its children (workers)."""
     user = system = 0.0
     tick = os.sysconf("SC_CLK_TCK")
-    for pid in process_tree(root):
+    for pid in procstats.tree_pids(root):
         try:
-            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            fields = procstats.stat_fields(pid)
         except FileNotFoundError:
             continue
         user += int(fields[11]) / tick
@@ -63,7 +59,7 @@ def cpu_split(root: int) -> tuple[float, float]:
 def run_queue(root: int) -> tuple[float, int]:
     """Seconds spent runnable but waiting for a CPU, and the number of times scheduled."""
     waited, slices = 0.0, 0
-    for pid in process_tree(root):
+    for pid in procstats.tree_pids(root):
         try:
             _, wait, count = map(int, open(f"/proc/{pid}/schedstat").read().split())
         except FileNotFoundError:

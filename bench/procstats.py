@@ -14,7 +14,7 @@ from pathlib import Path
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _stat_fields(pid: int) -> list[str]:
+def stat_fields(pid: int) -> list[str]:
     text = Path(f"/proc/{pid}/stat").read_text()
     # The command name (field 2) is in parentheses and may contain spaces.
     return text[text.rindex(")") + 2 :].split()
@@ -26,7 +26,7 @@ def tree_pids(root: int) -> list[int]:
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                parent = int(_stat_fields(int(entry.name))[1])
+                parent = int(stat_fields(int(entry.name))[1])
             except (FileNotFoundError, ProcessLookupError, ValueError):
                 continue
             children.setdefault(parent, []).append(int(entry.name))
@@ -43,7 +43,7 @@ def cpu_seconds(root: int) -> float:
     ticks = 0
     for pid in tree_pids(root):
         try:
-            fields = _stat_fields(pid)
+            fields = stat_fields(pid)
         except (FileNotFoundError, ProcessLookupError):
             continue
         # Fields 14-17 of /proc/PID/stat: utime stime cutime cstime (index 11-14 here).
