@@ -193,6 +193,17 @@ def queue_up(s: Started, holder: Client, *requests: tuple[Client, str, tuple[str
         s.wait_metric(WAITING, before + n)
 
 
+def sleepy_line(s: Started, holder: Client, *runs: tuple[str, str]) -> tuple[int, list[Client]]:
+    """One sleepy client per (seconds, value), queued in that order while `holder` keeps the
+    only server in a transaction; the holder's COMMIT hands the server to the first, with the
+    others written behind it. Returns the server's backend pid and the clients."""
+    clients = sleepy_clients(s, len(runs))
+    pid = begin(holder)
+    queue_up(s, holder, *((client, "z", run) for client, run in zip(clients, runs, strict=True)))
+    commit(holder)
+    return pid, clients
+
+
 def begin(holder: Client) -> int:
     """The holder opens a transaction on the only server; returns that backend's pid."""
     rows, _, status = holder.simple_query("BEGIN; SELECT pg_backend_pid()")
@@ -386,11 +397,8 @@ def test_clients_queued_behind_a_neutral_select_get_their_own_replies(pooler) ->
     each get their own value, right after A's."""
     s = start(pooler, pool_size=1)
     holder = Client(s)
-    a, b, c = sleepy_clients(s, 3)
-    begin(holder)
-    queue_up(s, holder, (a, "z", ("0.3", "1")), (b, "z", ("0", "2")), (c, "z", ("0", "3")))
-    started = time.monotonic()
-    commit(holder)
+    _, (a, b, c) = sleepy_line(s, holder, ("0.3", "1"), ("0", "2"), ("0", "3"))
+    started = time.monotonic()  # A's 0.3 s query began at the commit just before
     for client, value in ((a, "1"), (b, "2"), (c, "3")):
         got = client.reply()
         assert (got.rows, got.error, got.status) == ([(value,)], None, "I")
@@ -433,10 +441,7 @@ def test_client_that_dies_in_a_pipeline(pooler, postgres, who, how) -> None:
     backend: its replies went by, the line moved on), nothing is left in a transaction."""
     s = start(pooler, pool_size=1)
     holder = Client(s)
-    a, b, c = sleepy_clients(s, 3)
-    pid = begin(holder)
-    queue_up(s, holder, (a, "z", ("0.5", "1")), (b, "z", ("0", "2")), (c, "z", ("0", "3")))
-    commit(holder)
+    pid, (a, b, c) = sleepy_line(s, holder, ("0.5", "1"), ("0", "2"), ("0", "3"))
     s.wait_metric(PIPELINED, 2)  # B and C are on the server, behind A
     assert wait_for(lambda: len(active_sleeps(postgres)) == 1, 5)  # A's query runs
     dead, survivors = (b, [(a, "1"), (c, "3")]) if who == "queued" else (a, [(b, "2"), (c, "3")])
@@ -462,11 +467,7 @@ def test_an_error_in_a_pipelined_transaction_is_its_own(pooler, postgres) -> Non
     A before it and C after it get their results."""
     s = start(pooler, pool_size=1)
     holder = Client(s)
-    a, b, c = sleepy_clients(s, 3)
-    begin(holder)
-    queue_up(s, holder, (a, "z", ("0.3", "1")), (b, "z", ("0", "not a number")),
-             (c, "z", ("0", "3")))
-    commit(holder)
+    _, (a, b, c) = sleepy_line(s, holder, ("0.3", "1"), ("0", "not a number"), ("0", "3"))
     got = a.reply()
     assert (got.rows, got.error, got.status) == ([("1",)], None, "I")
     got = b.reply()
@@ -486,10 +487,7 @@ def test_a_queued_client_that_sends_more_waits_for_its_own_turn(pooler) -> None:
     replies. It waits, runs once B's first is over, and everyone gets their own replies."""
     s = start(pooler, pool_size=1)
     holder = Client(s)
-    a, b, c = sleepy_clients(s, 3)
-    begin(holder)
-    queue_up(s, holder, (a, "z", ("0.3", "1")), (b, "z", ("0", "2")), (c, "z", ("0", "3")))
-    commit(holder)
+    _, (a, b, c) = sleepy_line(s, holder, ("0.3", "1"), ("0", "2"), ("0", "3"))
     s.wait_metric(PIPELINED, 2)
     b.run("z", "0", "22")
     for client, value in ((a, "1"), (b, "2"), (c, "3"), (b, "22")):
@@ -565,10 +563,7 @@ def test_cancel_from_a_queued_client_does_not_cancel_the_one_behind(pooler, post
     its query is long done and C's runs: C's query must not be the one canceled."""
     s = start(pooler, pool_size=1)
     holder = Client(s)
-    a, b, c = sleepy_clients(s, 3)
-    begin(holder)
-    queue_up(s, holder, (a, "z", ("0.5", "1")), (b, "z", ("0", "2")), (c, "z", ("1", "3")))
-    commit(holder)
+    _, (a, b, c) = sleepy_line(s, holder, ("0.5", "1"), ("0", "2"), ("1", "3"))
     s.wait_metric(PIPELINED, 2)
     assert wait_for(lambda: len(active_sleeps(postgres)) == 1, 5)
     cancel(s, b.key)
@@ -589,10 +584,7 @@ def test_server_terminated_under_a_pipeline(pooler, postgres) -> None:
     behind it: all three get an error, none hangs; new clients are served."""
     s = start(pooler, pool_size=1)
     holder = Client(s)
-    a, b, c = sleepy_clients(s, 3)
-    begin(holder)
-    queue_up(s, holder, (a, "z", ("5", "1")), (b, "z", ("0", "2")), (c, "z", ("0", "3")))
-    commit(holder)
+    _, (a, b, c) = sleepy_line(s, holder, ("5", "1"), ("0", "2"), ("0", "3"))
     s.wait_metric(PIPELINED, 2)
     assert wait_for(lambda: len(active_sleeps(postgres)) == 1, 5)
     (pid,) = active_sleeps(postgres)
