@@ -200,8 +200,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                 self._partial += data
         except PoolerError as exc:
             self.fail(exc)
-        except FramingError as exc:
-            self.fail(errors.ClientProtocolError(str(exc)))
+        except FramingError as bad:  # own name: mypyc types a name by its first except
+            self.fail(errors.ClientProtocolError(str(bad)))
 
     # --- closing --------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from .. import compiled
 from ..auth.auth_file import load_auth_file
 from ..auth.md5 import is_md5_hash
 from ..auth.scram import ScramVerifier, is_scram_verifier
@@ -125,7 +126,8 @@ class Pooler:
                 backlog=2048,
             )
             self.listeners.append(server)
-        log.info("listening on %s:%d", cfg.listen_addr, cfg.listen_port)
+        log.info("listening on %s:%d; hot path: %s", cfg.listen_addr, cfg.listen_port,
+                 compiled.status)
         self._janitor = self.loop.create_task(self._janitor_loop())
         self._spawn(self._stats_loop())
         for pool_key in self._min_pool_keys():
@@ -417,8 +419,8 @@ class Pooler:
                 await server.ready
         except ServerLoginError as exc:
             self._login_failed(server, exc.args[0], exc.error)
-        except (OSError, TimeoutError) as exc:
-            reason = "server connect timeout" if isinstance(exc, TimeoutError) else str(exc)
+        except (OSError, TimeoutError) as failure:  # own name: mypyc types `exc` above
+            reason = "server connect timeout" if isinstance(failure, TimeoutError) else str(failure)
             text = f"server connection failed: {reason}"
             self._login_failed(server, text, m.error_response(text, "08006", "FATAL"))
 
@@ -504,8 +506,8 @@ class Pooler:
                                                        auth_user),
                 self.settings.pooler.auth_query, client.user,
             )
-        except Exception as exc:  # noqa: BLE001 - any failure means "unknown user"
-            log.warning("%r: auth_query failed: %s", client, exc)
+        except Exception as failure:  # noqa: BLE001 - any failure means "unknown user"
+            log.warning("%r: auth_query failed: %s", client, failure)
         if secret:
             self.auth_query_secrets[client.user] = secret
         if client.state is ClientState.STARTUP:

@@ -223,8 +223,8 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
                     return
         except ServerLoginError as exc:
             self._fail_login(exc)
-        except (ScramAuthError, ValueError, KeyError, IndexError) as exc:
-            text = f"server login failed: {exc}"
+        except (ScramAuthError, ValueError, KeyError, IndexError) as bad:  # own name (mypyc)
+            text = f"server login failed: {bad}"
             self._fail_login(ServerLoginError(text, m.error_response(text, "08P01", "FATAL")))
 
     def _fail_login(self, exc: ServerLoginError) -> None:

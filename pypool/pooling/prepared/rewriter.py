@@ -411,7 +411,7 @@ class ServerStatements:
             self.tracking = 0
             return
         head = queue[0]
-        if head is PLAIN_QUERY or head is PLAIN_SYNC or head[2] == OP_RENAME:
+        if head == PLAIN_QUERY or head == PLAIN_SYNC or head[2] == OP_RENAME:
             self.tracking = 0
         elif head[0] == W_SYNTHETIC:
             self.tracking = 2

@@ -1,0 +1,128 @@
+"""The hot path, compiled: which modules mypyc turns into C extensions, and the way back.
+
+The modules below carry every byte of a transaction (framing, the two connections,
+pipelining, the pool, the prepared-statement rewriter). They are plain, fully typed Python
+and stay the one definition of what pypool does. At install time `setup.py` also compiles
+them with mypyc into C extensions that sit beside their `.py` files and win on import;
+that roughly halves the pooler's own CPU per transaction (bench/README.md). Without a C
+compiler, or with PYPOOL_PURE=1 at install, nothing is compiled and pypool runs as
+Python.
+
+They are compiled as one group, and the compiled modules call each other directly in C, so
+it is all of them or none. `choose()`, run when the package is imported, falls back to the
+Python source of all of them when:
+- PYPOOL_PURE=1 is set (to step through the code, profile it as Python, or patch it);
+- any of them was edited after it was compiled (an editable checkout: run
+  `pip install -e .` again to recompile).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+HOT_MODULES = (
+    "pypool.protocol.framing",
+    "pypool.protocol.messages",
+    "pypool.pooling.params",
+    "pypool.pooling.pool",
+    "pypool.pooling.stats",
+    "pypool.pooling.prepared",
+    "pypool.pooling.prepared.registry",
+    "pypool.pooling.prepared.requests",
+    "pypool.pooling.prepared.rewriter",
+    "pypool.pooling.prepared.sql",
+    "pypool.net.flow_control",
+    "pypool.net.pipeline",
+    "pypool.net.client",
+    "pypool.net.server",
+    "pypool.net.pooler",
+)
+
+ROOT = Path(__file__).resolve().parent.parent  # the folder that holds `pypool/`
+
+# What `choose()` decided, for the startup log line.
+status = "not decided"
+
+
+def source_path(module: str) -> Path:
+    """The .py file of a hot module (a package's `__init__.py`)."""
+    base = ROOT.joinpath(*module.split("."))
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+
+
+def extension_path(module: str) -> Path | None:
+    """The compiled extension beside a hot module's source, if there is one."""
+    base = ROOT.joinpath(*module.split("."))
+    folder, stem = (base, "__init__") if base.is_dir() else (base.parent, base.name)
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = folder / (stem + suffix)
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def stale_modules() -> list[str]:
+    """Hot modules whose source is newer than their compiled extension."""
+    stale = []
+    for module in HOT_MODULES:
+        extension = extension_path(module)
+        if extension is not None and (
+            source_path(module).stat().st_mtime > extension.stat().st_mtime
+        ):
+            stale.append(module)
+    return stale
+
+
+class SourceFinder(importlib.abc.MetaPathFinder):
+    """Imports the hot modules from their .py files even where an extension sits beside."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in HOT_MODULES:
+            return None
+        source = source_path(fullname)
+        package = [str(source.parent)] if source.name == "__init__.py" else None
+        return importlib.util.spec_from_file_location(
+            fullname, source, submodule_search_locations=package
+        )
+
+
+def choose() -> None:
+    """Decide, once per process, whether the hot modules load compiled or as Python."""
+    global status
+    compiled = [module for module in HOT_MODULES if extension_path(module) is not None]
+    reason = ""
+    if not compiled:
+        status = "pure Python (not compiled at install)"
+        return
+    if os.environ.get("PYPOOL_PURE") == "1":
+        reason = "PYPOOL_PURE=1"
+    elif len(compiled) < len(HOT_MODULES):
+        reason = "only some modules compiled; run `pip install -e .` again"
+    else:
+        stale = stale_modules()
+        if stale:
+            reason = f"{', '.join(stale)} edited since compiled; run `pip install -e .` again"
+    if not reason:
+        status = f"compiled with mypyc ({len(compiled)} modules)"
+        return
+    status = f"pure Python ({reason})"
+    if not any(isinstance(finder, SourceFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, SourceFinder())
+
+
+def loaded_compiled() -> bool:
+    """Whether the hot modules imported so far came from compiled extensions."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    loaded = [sys.modules[name] for name in HOT_MODULES if name in sys.modules]
+    return bool(loaded) and all(
+        (getattr(module, "__file__", None) or "").endswith(suffixes) for module in loaded
+    )
