@@ -1,12 +1,12 @@
 """The hot path, compiled: which modules mypyc turns into C extensions, and the way back.
 
 The modules below carry every byte of a transaction (framing, the two connections,
-pipelining, the pool, the prepared-statement rewriter). They are plain, fully typed Python
-and stay the one definition of what pypool does. At install time `setup.py` also compiles
-them with mypyc into C extensions that sit beside their `.py` files and win on import;
-that roughly halves the pooler's own CPU per transaction (bench/README.md). Without a C
-compiler, or with PYPOOL_PURE=1 at install, nothing is compiled and pypool runs as
-Python.
+pipelining, the pool, the prepared-statement rewriter, the Pooler that links them). They
+are plain, fully typed Python and stay the one definition of what pypool does. At install
+time `setup.py` also compiles them with mypyc into C extensions that sit beside their `.py`
+files and win on import; that roughly halves the pooler's own CPU per transaction
+(bench/README.md). Without a C compiler, or with PYPOOL_PURE=1 at install, nothing is
+compiled and pypool runs as Python.
 
 They are compiled as one group, and the compiled modules call each other directly in C, so
 it is all of them or none. `choose()`, run when the package is imported, falls back to the

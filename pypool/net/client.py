@@ -28,7 +28,7 @@ import os
 import socket
 import struct
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from ..auth.md5 import is_md5_hash, md5_hash, md5_response
 from ..auth.scram import (
@@ -74,7 +74,7 @@ class ClientState(Enum):
     CLOSED = "closed"
 
 
-_ALLOWED = {
+_ALLOWED: Final = {
     ClientState.STARTUP: {ClientState.AUTH, ClientState.WELCOME, ClientState.CLOSED},
     ClientState.AUTH: {ClientState.WELCOME, ClientState.CLOSED},
     ClientState.WELCOME: {ClientState.IDLE, ClientState.CLOSED},
@@ -89,7 +89,7 @@ for _state, _targets in _ALLOWED.items():
     _state.next_states = tuple(_targets)  # type: ignore[attr-defined]
 
 # Startup parameters that are not session settings and need no tracking.
-_PLAIN_STARTUP_KEYS = frozenset({"user", "database", "replication"})
+_PLAIN_STARTUP_KEYS: Final = frozenset({"user", "database", "replication"})
 
 _ids = iter(range(1, 1 << 62))
 
@@ -682,23 +682,27 @@ def _table(*kinds: int, value: int = 1) -> tuple[int, ...]:
 
 
 # What each frontend message type means for the reply bookkeeping (0: not allowed here).
-_OWES_READY, _OWES_NOTHING_YET, _IS_FLUSH, _IS_TERMINATE, _IS_COPY = 1, 2, 3, 4, 5
-_ACTIONS = {
+_OWES_READY: Final = 1
+_OWES_NOTHING_YET: Final = 2
+_IS_FLUSH: Final = 3
+_IS_TERMINATE: Final = 4
+_IS_COPY: Final = 5
+_ACTIONS: Final = {
     _OWES_READY: (m.QUERY, m.FUNCTION_CALL, m.SYNC),
     _OWES_NOTHING_YET: (m.PARSE, m.BIND, m.DESCRIBE, m.EXECUTE, m.CLOSE),
     _IS_FLUSH: (m.FLUSH,),
     _IS_TERMINATE: (m.TERMINATE,),
     _IS_COPY: (m.COPY_DATA, m.COPY_DONE, m.COPY_FAIL),
 }
-_ACTION = tuple(
+_ACTION: Final = tuple(
     next((action for action, kinds in _ACTIONS.items() if kind in kinds), 0)
     for kind in range(256)
 )
-_QUERY = m.QUERY
-_SYNC = m.SYNC
+_QUERY: Final = m.QUERY
+_SYNC: Final = m.SYNC
 # Prepared statements: what the rewriting reads whole, and the requests it queues.
-_WHOLE = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.QUERY)
-_REQUESTS = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.EXECUTE, m.SYNC, m.QUERY,
+_WHOLE: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.QUERY)
+_REQUESTS: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.EXECUTE, m.SYNC, m.QUERY,
                    m.FUNCTION_CALL)
 
 

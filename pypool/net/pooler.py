@@ -26,6 +26,7 @@ from .. import compiled
 from ..auth.auth_file import load_auth_file
 from ..auth.md5 import is_md5_hash
 from ..auth.scram import ScramVerifier, is_scram_verifier
+from ..pooling.params import covers
 from ..pooling.pool import Pool, PoolLimits
 from ..pooling.prepared import Registry
 from ..pooling.stats import StatsPeriods, stats_line
@@ -633,7 +634,7 @@ class Pooler:
         client.link_time = now
         server.request_time = now
         pool.stats.server_assignment_count += 1
-        if not client.params.items() <= server.params.items():
+        if not covers(server.params, client.params):
             server.send_parameters(client.params)
         data = client.take_outbox(server)
         if data:

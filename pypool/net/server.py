@@ -23,7 +23,7 @@ import logging
 import socket
 from collections import deque
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from ..auth.md5 import md5_response_from_secret
 from ..auth.scram import MECHANISM, ScramAuthError, ScramClientLogin
@@ -49,7 +49,7 @@ class ServerState(Enum):
     CLOSED = "closed"
 
 
-_ALLOWED = {
+_ALLOWED: Final = {
     ServerState.CONNECTING: {ServerState.LOGIN, ServerState.CLOSED},
     ServerState.LOGIN: {ServerState.IDLE, ServerState.ACTIVE, ServerState.CLOSED},
     ServerState.IDLE: {ServerState.ACTIVE, ServerState.CLOSED},
@@ -64,7 +64,7 @@ for _state, _targets in _ALLOWED.items():
 _ids = iter(range(1, 1 << 62))
 # Replies the hot path passes through without a look, indexed by type byte (every type but
 # ReadyForQuery, ParameterStatus, ErrorResponse and CommandComplete).
-_STREAMED = tuple(
+_STREAMED: Final = tuple(
     kind not in (m.READY_FOR_QUERY, m.PARAMETER_STATUS, m.ERROR_RESPONSE, m.COMMAND_COMPLETE)
     for kind in range(256)
 )

@@ -7,62 +7,63 @@ bytes. Names follow the "Message Formats" section of the PostgreSQL protocol cha
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 # Frontend (client to server) message types.
-BIND = ord("B")
-CLOSE = ord("C")
-COPY_DATA = ord("d")
-COPY_DONE = ord("c")
-COPY_FAIL = ord("f")
-DESCRIBE = ord("D")
-EXECUTE = ord("E")
-FLUSH = ord("H")
-FUNCTION_CALL = ord("F")
-PARSE = ord("P")
-PASSWORD_MESSAGE = ord("p")  # also SASLInitialResponse and SASLResponse
-QUERY = ord("Q")
-SYNC = ord("S")
-TERMINATE = ord("X")
+BIND: Final = ord("B")
+CLOSE: Final = ord("C")
+COPY_DATA: Final = ord("d")
+COPY_DONE: Final = ord("c")
+COPY_FAIL: Final = ord("f")
+DESCRIBE: Final = ord("D")
+EXECUTE: Final = ord("E")
+FLUSH: Final = ord("H")
+FUNCTION_CALL: Final = ord("F")
+PARSE: Final = ord("P")
+PASSWORD_MESSAGE: Final = ord("p")  # also SASLInitialResponse and SASLResponse
+QUERY: Final = ord("Q")
+SYNC: Final = ord("S")
+TERMINATE: Final = ord("X")
 
 # Backend (server to client) message types.
-AUTHENTICATION = ord("R")
-BACKEND_KEY_DATA = ord("K")
-BIND_COMPLETE = ord("2")
-CLOSE_COMPLETE = ord("3")
-COMMAND_COMPLETE = ord("C")
-COPY_IN_RESPONSE = ord("G")
-COPY_OUT_RESPONSE = ord("H")
-COPY_BOTH_RESPONSE = ord("W")
-DATA_ROW = ord("D")
-EMPTY_QUERY_RESPONSE = ord("I")
-ERROR_RESPONSE = ord("E")
-FUNCTION_CALL_RESPONSE = ord("V")
-NEGOTIATE_PROTOCOL_VERSION = ord("v")
-NO_DATA = ord("n")
-NOTICE_RESPONSE = ord("N")
-NOTIFICATION_RESPONSE = ord("A")
-PARAMETER_DESCRIPTION = ord("t")
-PARAMETER_STATUS = ord("S")
-PARSE_COMPLETE = ord("1")
-PORTAL_SUSPENDED = ord("s")
-READY_FOR_QUERY = ord("Z")
-ROW_DESCRIPTION = ord("T")
+AUTHENTICATION: Final = ord("R")
+BACKEND_KEY_DATA: Final = ord("K")
+BIND_COMPLETE: Final = ord("2")
+CLOSE_COMPLETE: Final = ord("3")
+COMMAND_COMPLETE: Final = ord("C")
+COPY_IN_RESPONSE: Final = ord("G")
+COPY_OUT_RESPONSE: Final = ord("H")
+COPY_BOTH_RESPONSE: Final = ord("W")
+DATA_ROW: Final = ord("D")
+EMPTY_QUERY_RESPONSE: Final = ord("I")
+ERROR_RESPONSE: Final = ord("E")
+FUNCTION_CALL_RESPONSE: Final = ord("V")
+NEGOTIATE_PROTOCOL_VERSION: Final = ord("v")
+NO_DATA: Final = ord("n")
+NOTICE_RESPONSE: Final = ord("N")
+NOTIFICATION_RESPONSE: Final = ord("A")
+PARAMETER_DESCRIPTION: Final = ord("t")
+PARAMETER_STATUS: Final = ord("S")
+PARSE_COMPLETE: Final = ord("1")
+PORTAL_SUSPENDED: Final = ord("s")
+READY_FOR_QUERY: Final = ord("Z")
+ROW_DESCRIPTION: Final = ord("T")
 
 # Authentication request codes (the Int32 after 'R').
-AUTH_OK = 0
-AUTH_CLEARTEXT_PASSWORD = 3
-AUTH_MD5_PASSWORD = 5
-AUTH_SASL = 10
-AUTH_SASL_CONTINUE = 11
-AUTH_SASL_FINAL = 12
+AUTH_OK: Final = 0
+AUTH_CLEARTEXT_PASSWORD: Final = 3
+AUTH_MD5_PASSWORD: Final = 5
+AUTH_SASL: Final = 10
+AUTH_SASL_CONTINUE: Final = 11
+AUTH_SASL_FINAL: Final = 12
 
 # ReadyForQuery transaction status bytes.
-TX_IDLE = ord("I")
-TX_IN_BLOCK = ord("T")
-TX_FAILED = ord("E")
+TX_IDLE: Final = ord("I")
+TX_IN_BLOCK: Final = ord("T")
+TX_FAILED: Final = ord("E")
 
-_HEADER = struct.Struct("!cI")
-_INT32 = struct.Struct("!I")
+_HEADER: Final = struct.Struct("!cI")
+_INT32: Final = struct.Struct("!I")
 
 
 def message(kind: int, body: bytes = b"") -> bytes:

@@ -10,18 +10,18 @@ to Statements, and its SQL-level PREPAREs. Nothing here touches a socket.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Final
 
-PREFIX = b"PYPOOL_"
+PREFIX: Final = b"PYPOOL_"
 # A name no server ever has (the registry counts from 1): what the pooler sends when it needs
 # the server to fail, or to parse something and forget it.
-PROBE = PREFIX + b"0"
+PROBE: Final = PREFIX + b"0"
 
 
 # Statements that cannot open, end or abort a transaction block (the extended protocol takes
 # one statement per Parse). Anything else, comments before the keyword included, is assumed
 # to be able to: see `Statement.neutral`.
-_NEUTRAL = re.compile(rb"[\s(]*(?:select|insert|update|delete|with|values|table)\b", re.I)
+_NEUTRAL: Final = re.compile(rb"[\s(]*(?:select|insert|update|delete|with|values|table)\b", re.I)
 
 
 def neutral_text(data: bytes, start: int) -> bool:

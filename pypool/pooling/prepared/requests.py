@@ -8,7 +8,7 @@ the common ones are shared constants: the hot path allocates nothing for them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from ...protocol import messages as m
 
@@ -16,28 +16,28 @@ if TYPE_CHECKING:
     from .registry import Statement
 
 # What completes a queued request.
-W_SYNTHETIC = 0  # nothing from the server: the pooler answers when it reaches the head
-W_PARSE = 1  # ParseComplete
-W_BIND = 2  # BindComplete
-W_CLOSE = 3  # CloseComplete
-W_DESCRIBE = 4  # RowDescription or NoData (after a ParameterDescription for a statement)
-W_EXECUTE = 5  # CommandComplete, EmptyQueryResponse or PortalSuspended
-W_SYNC = 6  # ReadyForQuery of a Sync; an error skip stops here
-W_READY = 7  # ReadyForQuery of a Query or FunctionCall; skipped after an error like the rest
+W_SYNTHETIC: Final = 0  # nothing from the server: the pooler answers when it reaches the head
+W_PARSE: Final = 1  # ParseComplete
+W_BIND: Final = 2  # BindComplete
+W_CLOSE: Final = 3  # CloseComplete
+W_DESCRIBE: Final = 4  # RowDescription or NoData (after a ParameterDescription for a statement)
+W_EXECUTE: Final = 5  # CommandComplete, EmptyQueryResponse or PortalSuspended
+W_SYNC: Final = 6  # ReadyForQuery of a Sync; an error skip stops here
+W_READY: Final = 7  # ReadyForQuery of a Query or FunctionCall; skipped after an error like the rest
 
 # What to do when a request completes (ok) or is skipped after an error (failed).
-OP_NONE = 0
-OP_PARSE = 1  # the client's named Parse, sent: failed -> forget in server and client maps
-OP_PARSE_HIT = 2  # the client's named Parse, answered by the pooler: failed -> forget mapping
-OP_INJECT = 3  # the pooler's Parse before a Bind/Describe: failed -> forget in server map
-OP_EVICT = 4  # the pooler's Close of an LRU statement: ok -> drop ref; failed -> back in LRU
-OP_CLOSE = 5  # the client's Close, answered by the pooler: ok -> drop ref; failed -> restore
-OP_NAMED = 6  # Bind/Describe of a named statement: kept to name it in a server error
-OP_SQL = 7  # the client's PREPARE/DEALLOCATE query: applied when its tag confirms it
-OP_HIDDEN = 8  # the pooler's own SQL-level PREPARE/DEALLOCATE: failed -> forget the name
-OP_FAIL = 9  # a Describe of PROBE sent to make the server fail: its error is replaced
-OP_RENAME = 10  # a Sync standing for a whole segment of plain requests (see _sync)
-UNDOABLE = frozenset((OP_PARSE, OP_PARSE_HIT, OP_INJECT, OP_EVICT, OP_CLOSE, OP_SQL,
+OP_NONE: Final = 0
+OP_PARSE: Final = 1  # the client's named Parse, sent: failed -> forget in server and client maps
+OP_PARSE_HIT: Final = 2  # the client's named Parse, answered by the pooler: failed -> forget it
+OP_INJECT: Final = 3  # the pooler's Parse before a Bind/Describe: failed -> forget in server map
+OP_EVICT: Final = 4  # the pooler's Close of an LRU statement: ok -> drop ref; failed -> back in LRU
+OP_CLOSE: Final = 5  # the client's Close, answered by the pooler: ok -> drop ref; failed -> restore
+OP_NAMED: Final = 6  # Bind/Describe of a named statement: kept to name it in a server error
+OP_SQL: Final = 7  # the client's PREPARE/DEALLOCATE query: applied when its tag confirms it
+OP_HIDDEN: Final = 8  # the pooler's own SQL-level PREPARE/DEALLOCATE: failed -> forget the name
+OP_FAIL: Final = 9  # a Describe of PROBE sent to make the server fail: its error is replaced
+OP_RENAME: Final = 10  # a Sync standing for a whole segment of plain requests (see _sync)
+UNDOABLE: Final = frozenset((OP_PARSE, OP_PARSE_HIT, OP_INJECT, OP_EVICT, OP_CLOSE, OP_SQL,
                        OP_HIDDEN))
 
 # A request: (wait, swallow, op, stmt, client name, segment, payload). `segment` counts the
@@ -45,17 +45,17 @@ UNDOABLE = frozenset((OP_PARSE, OP_PARSE_HIT, OP_INJECT, OP_EVICT, OP_CLOSE, OP_
 # the SqlCommand (OP_SQL).
 Request = tuple[int, bool, int, "Statement | None", "bytes | None", int, Any]
 
-PLAIN_PARSE: Request = (W_PARSE, False, OP_NONE, None, None, 0, None)
-PLAIN_BIND: Request = (W_BIND, False, OP_NONE, None, None, 0, None)
-PLAIN_CLOSE: Request = (W_CLOSE, False, OP_NONE, None, None, 0, None)
-PLAIN_DESCRIBE: Request = (W_DESCRIBE, False, OP_NONE, None, None, 0, None)
-PLAIN_EXECUTE: Request = (W_EXECUTE, False, OP_NONE, None, None, 0, None)
-PLAIN_SYNC: Request = (W_SYNC, False, OP_NONE, None, None, 0, None)
-HIDDEN_SYNC: Request = (W_SYNC, True, OP_NONE, None, None, 0, None)
-PLAIN_QUERY: Request = (W_READY, False, OP_NONE, None, None, 0, None)
+PLAIN_PARSE: Final[Request] = (W_PARSE, False, OP_NONE, None, None, 0, None)
+PLAIN_BIND: Final[Request] = (W_BIND, False, OP_NONE, None, None, 0, None)
+PLAIN_CLOSE: Final[Request] = (W_CLOSE, False, OP_NONE, None, None, 0, None)
+PLAIN_DESCRIBE: Final[Request] = (W_DESCRIBE, False, OP_NONE, None, None, 0, None)
+PLAIN_EXECUTE: Final[Request] = (W_EXECUTE, False, OP_NONE, None, None, 0, None)
+PLAIN_SYNC: Final[Request] = (W_SYNC, False, OP_NONE, None, None, 0, None)
+HIDDEN_SYNC: Final[Request] = (W_SYNC, True, OP_NONE, None, None, 0, None)
+PLAIN_QUERY: Final[Request] = (W_READY, False, OP_NONE, None, None, 0, None)
 
 # Which reply completes which wait, indexed by the reply's type byte.
-COMPLETES = [-1] * 256
+COMPLETES: Final = [-1] * 256
 COMPLETES[ord("1")] = W_PARSE
 COMPLETES[ord("2")] = W_BIND
 COMPLETES[ord("3")] = W_CLOSE
@@ -66,13 +66,13 @@ COMPLETES[ord("I")] = W_EXECUTE
 COMPLETES[ord("s")] = W_EXECUTE
 
 # Verdicts on a server reply.
-FORWARD = 0  # pass it to the client
-SWALLOW = 1  # the client must not see it
-READY = 2  # pass it: it is a ReadyForQuery the client is owed
-REPLACE = 3  # send `ServerStatements.replacement` instead
+FORWARD: Final = 0  # pass it to the client
+SWALLOW: Final = 1  # the client must not see it
+READY: Final = 2  # pass it: it is a ReadyForQuery the client is owed
+REPLACE: Final = 3  # send `ServerStatements.replacement` instead
 
-PARSE_COMPLETE = m.parse_complete()
-CLOSE_COMPLETE = m.close_complete()
+PARSE_COMPLETE: Final = m.parse_complete()
+CLOSE_COMPLETE: Final = m.close_complete()
 
 
 class Wait:
@@ -82,7 +82,7 @@ class Wait:
         return "WAIT"
 
 
-WAIT = Wait()
+WAIT: Final = Wait()
 
 
 # --- messages the pooler makes up ---------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from ...protocol import errors
 from ...protocol import messages as m
@@ -79,8 +79,8 @@ log = logging.getLogger("pypool.prepared")
 # What follows the Bind in a libpq-style execution of a prepared statement (PQexecPrepared:
 # Describe of the unnamed portal, Execute of it with no row limit, Sync; some drivers leave
 # the Describe out).
-_DESCRIBE_EXECUTE_SYNC = m.describe_portal() + m.execute() + m.sync()
-_EXECUTE_SYNC = m.execute() + m.sync()
+_DESCRIBE_EXECUTE_SYNC: Final = m.describe_portal() + m.execute() + m.sync()
+_EXECUTE_SYNC: Final = m.execute() + m.sync()
 
 
 def _renamed_bind(data: bytes, pos: int, portal_end: int, name_end: int, end: int,

@@ -9,18 +9,18 @@ queries pays one set lookup.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from .registry import Statement
 
 # Only bytes that can start one of the four commands (or whitespace and comments before it)
 # send a Query down the slow path.
-SQL_FIRST = frozenset(b"PpEeDd \t\r\n-/")
-_SQL_COMMAND = re.compile(
+SQL_FIRST: Final = frozenset(b"PpEeDd \t\r\n-/")
+_SQL_COMMAND: Final = re.compile(
     rb"(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)*(prepare|execute|deallocate|discard)\b", re.I | re.S
 )
-_SQL_NAME = re.compile(
+_SQL_NAME: Final = re.compile(
     rb'(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)+("(?:[^"]|"")+"|[A-Za-z_\x80-\xff][A-Za-z0-9_$\x80-\xff]*)',
     re.S,
 )
