@@ -546,8 +546,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
     def _forward(self, data: bytes) -> None:
         server = self.server
         if server is not None:
-            assert server.transport is not None
-            server.transport.write(data)
+            server.send(data)
             return
         if self.admin is not None:
             self.admin.received(data)
@@ -629,8 +628,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             if server is not None:
                 out = self._rewrite_whole(server.statements, held)
                 if out:
-                    assert server.transport is not None
-                    server.transport.write(out)
+                    server.send(out)
                 if self._blocked:
                     return
             else:

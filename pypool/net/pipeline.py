@@ -8,6 +8,8 @@ sure to be over at its Sync, the next waiting clients' requests are written to t
 server straight away, up to `pipeline_depth` deep. The server runs them back to back; each
 client gets its own replies, and owns the server from its predecessor's ReadyForQuery to
 its own, exactly as if it had been linked then. PgBouncer always waits for the round trip.
+The requests queued on a server in one round of the event loop leave in one write at its
+end (`ServerConnection.send_soon`), so its backend reads them, and wakes, once.
 
 "Sure to be over at its Sync" is decided by the prepared-statement layer
 (`ServerStatements.last_neutral`): the client was idle (its last ReadyForQuery said `I`)
@@ -84,8 +86,7 @@ def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
         out.append(follow(server, client))
     data = b"".join(out)
     if data:
-        assert server.transport is not None
-        server.transport.write(data)
+        server.send_soon(data)
 
 
 def may_serve_on(pooler: Pooler, server: ServerConnection) -> bool:
@@ -114,8 +115,7 @@ def join_open_line(pooler: Pooler, client: ClientConnection) -> bool:
             client.wait_start = pooler.now()
             data = follow(server, client)
             if data:
-                assert server.transport is not None
-                server.transport.write(data)
+                server.send_soon(data)
             if len(server.chain) < depth and can_follow_any(server):
                 server.open_line = True
                 lines.append(server)

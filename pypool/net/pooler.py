@@ -86,6 +86,7 @@ class Pooler:
         self.stopped = self.loop.create_future()
         self._janitor: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._to_flush: list[ServerConnection] = []  # servers with deferred writes
         # The operator's switches (admin console, SIGUSR1/2): PAUSE of everything or of some
         # databases, DISABLE; databases gone from the config whose clients are still here.
         self.paused_all = False
@@ -643,8 +644,19 @@ class Pooler:
                 # one whose line has room.
                 pipeline.extend(self, server, data)
                 return
-            assert server.transport is not None
-            server.transport.write(data)
+            server.send(data)
+
+    def flush_soon(self, server: ServerConnection) -> None:
+        """Have `server.flush()` called at the end of this round of the event loop (its
+        callbacks run once every connection with something ready has been read)."""
+        if not self._to_flush:
+            self.loop.call_soon(self._flush_servers)
+        self._to_flush.append(server)
+
+    def _flush_servers(self) -> None:
+        servers, self._to_flush = self._to_flush, []
+        for server in servers:
+            server.flush()
 
     def pipeline(self, server: ServerConnection) -> None:
         """The linked client has sent a whole transaction: if it ends at its Sync, queue

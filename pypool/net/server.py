@@ -124,6 +124,9 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self._skip = 0
         self._partial = b""
         self._reading_paused = False
+        # Requests queued by `send_soon`, written together when this round of the event loop
+        # has read everything that was ready.
+        self._deferred: list[bytes] = []
 
     # --- state ----------------------------------------------------------------------------
 
@@ -177,6 +180,7 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         if self.state is ServerState.CLOSED or self.transport is None:
             return
         self.close_reason = reason
+        self._deferred.clear()
         if self.state in (ServerState.IDLE, ServerState.ACTIVE):
             try:
                 self.transport.write(m.terminate())
@@ -184,11 +188,35 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
                 pass
         self.transport.close()
 
+    def send(self, data: bytes) -> None:
+        """Write client requests to the server now, behind any still deferred."""
+        if self._deferred:
+            self._deferred.append(data)
+        else:
+            assert self.transport is not None
+            self.transport.write(data)
+
+    def send_soon(self, data: bytes) -> None:
+        """Write client requests once this round of the event loop has read everything that
+        was ready: requests pipelined onto this server meanwhile go out in one write, and wake
+        its backend once (net/pipeline.py)."""
+        if not self._deferred:
+            self.pooler.flush_soon(self)
+        self._deferred.append(data)
+
+    def flush(self) -> None:
+        """Write what `send_soon` deferred (dropped if the server has closed meanwhile: the
+        clients it was for got an error from the close)."""
+        if self._deferred:
+            data = b"".join(self._deferred)
+            self._deferred.clear()
+            if self.transport is not None and self.state is not ServerState.CLOSED:
+                self.transport.write(data)
+
     def send_hidden_query(self, sql: str) -> None:
         """Send a query whose replies the client must not see."""
-        assert self.transport is not None
         self.hidden_syncs += 1
-        self.transport.write(m.query(sql))
+        self.send(m.query(sql))
 
     def send_parameters(self, wanted: dict[str, str]) -> None:
         """SET the parameters whose values differ from `wanted` (the linked client's).

@@ -598,3 +598,45 @@ def test_server_terminated_under_a_pipeline(pooler, postgres) -> None:
     still_serves(s)
     still_serves(s)
     assert backends_idle_in_transaction(postgres) == 0
+
+
+# --- deferred writes (ServerConnection.send_soon) --------------------------------------------
+
+
+class RecordingTransport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        pass
+
+
+async def test_deferred_requests_go_out_in_one_write_and_nothing_overtakes_them() -> None:
+    """Requests pipelined onto a server in one round of the event loop leave in one write at
+    its end; anything sent to that server meanwhile (more of the head's request, read in the
+    same round) goes behind them, never before."""
+    from pypool.net.pooler import Pooler
+    from pypool.net.server import ServerConnection
+    from pypool.settings import from_url
+
+    pooler = Pooler(from_url("postgresql://app:secret@127.0.0.1:1/app"))
+    pool = pooler.pool_for("app", "app")
+    assert pool is not None
+    entry = pooler.settings.database("app")
+    assert entry is not None
+    server = ServerConnection(pooler, pool, "127.0.0.1", 1, "app",
+                              pooler.credentials_for(entry, "app"), {})
+    transport = RecordingTransport()
+    server.transport = transport  # type: ignore[assignment]
+    server.send(b"head-1 ")
+    server.send_soon(b"head-2 ")
+    server.send_soon(b"follower ")
+    server.send(b"head-3")
+    assert transport.writes == [b"head-1 "]
+    await asyncio.sleep(0)  # the end of this round: the pooler flushes
+    assert transport.writes == [b"head-1 ", b"head-2 follower head-3"]
+    server.send(b"next")
+    assert transport.writes[-1] == b"next"
