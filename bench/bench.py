@@ -102,7 +102,8 @@ def pypool_version() -> str:
     repo = poolers.REPO
     version = (
         subprocess.run(
-            [sys.executable, "-c", "import pypool; print(pypool.__version__)"],
+            [sys.executable, "-c",
+             "import pypool; print(pypool.__version__, '; hot path', pypool.compiled.status)"],
             capture_output=True,
             text=True,
             cwd=repo,
@@ -117,7 +118,9 @@ def pypool_version() -> str:
     dirty = subprocess.run(
         [*git, "status", "--porcelain", "--", "pypool"], capture_output=True, text=True
     ).stdout.strip()
-    return f"{version} (git {revision}{'+uncommitted' if dirty else ''})"
+    version, _, hot_path = version.partition(" ; ")  # "hot path compiled with mypyc (...)"
+    details = f"git {revision}{'+uncommitted' if dirty else ''}"
+    return f"{version} ({details}; {hot_path})" if hot_path else f"{version} ({details})"
 
 
 def package_version(name: str) -> str:
