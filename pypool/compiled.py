@@ -4,7 +4,7 @@ The modules below carry every byte of a transaction (framing, the two connection
 pipelining, the pool, the prepared-statement rewriter, the Pooler that links them). They
 are plain, fully typed Python and stay the one definition of what pypool does. At install
 time `setup.py` also compiles them with mypyc into C extensions that sit beside their `.py`
-files and win on import; that roughly halves the pooler's own CPU per transaction
+files and win on import; that halves the interpreter's CPU per transaction
 (bench/README.md). Without a C compiler, or with PYPOOL_PURE=1 at install, nothing is
 compiled and pypool runs as Python.
 
