@@ -17,13 +17,8 @@ def ext_modules() -> list:
         from mypyc.build import mypycify
     except ImportError:
         return []
-    hot = runpy.run_path(os.path.join("pypool", "compiled.py"))["HOT_MODULES"]
-    paths = [
-        os.path.join(*name.split("."), "__init__.py")
-        if os.path.isdir(os.path.join(*name.split(".")))
-        else os.path.join(*name.split(".")) + ".py"
-        for name in hot
-    ]
+    compiled = runpy.run_path(os.path.join("pypool", "compiled.py"))
+    paths = [os.path.relpath(compiled["source_path"](name)) for name in compiled["HOT_MODULES"]]
     extensions = mypycify(paths, opt_level="3")
     for extension in extensions:
         extension.optional = True  # no C compiler: install as plain Python, not fail
