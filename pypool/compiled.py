@@ -12,8 +12,10 @@ They are compiled as one group, and the compiled modules call each other directl
 it is all of them or none. `choose()`, run when the package is imported, falls back to the
 Python source of all of them when:
 - PYPOOL_PURE=1 is set (to step through the code, profile it as Python, or patch it);
-- any of them was edited after it was compiled (an editable checkout: run
-  `pip install -e .` again to recompile).
+- any of them was edited after it was compiled (in a source checkout, the editable install
+  of development: run `pip install -e .` again to recompile). Only there: an install from
+  a wheel writes each .py after its .so, so file times say nothing;
+- the library the group shares (`<hash>__mypyc`) is missing, so the modules could not load.
 """
 
 from __future__ import annotations
@@ -68,8 +70,18 @@ def extension_path(module: str) -> Path | None:
     return None
 
 
+def group_library() -> Path | None:
+    """The shared library of the compiled group, beside the `pypool` folder."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        for candidate in ROOT.glob(f"*__mypyc{suffix}"):
+            return candidate
+    return None
+
+
 def stale_modules() -> list[str]:
-    """Hot modules whose source is newer than their compiled extension."""
+    """In a source checkout, hot modules whose source is newer than their extension."""
+    if not (ROOT / "pyproject.toml").exists():
+        return []  # installed from a wheel: nobody edits these in place
     stale = []
     for module in HOT_MODULES:
         extension = extension_path(module)
@@ -105,8 +117,8 @@ def choose() -> None:
         return
     if os.environ.get("PYPOOL_PURE") == "1":
         reason = "PYPOOL_PURE=1"
-    elif len(compiled) < len(HOT_MODULES):
-        reason = "only some modules compiled; run `pip install -e .` again"
+    elif len(compiled) < len(HOT_MODULES) or group_library() is None:
+        reason = "only part of the build is there; run `pip install -e .` again"
     else:
         stale = stale_modules()
         if stale:

@@ -63,27 +63,65 @@ def test_pypool_pure_loads_the_python_source() -> None:
     assert loaded == "False"
 
 
-@needs_build
-def test_an_edit_after_compiling_falls_back_to_the_source(tmp_path: Path) -> None:
-    """Edit one module of a compiled copy: all of them load as Python, and the log says why."""
+def compiled_copy(tmp_path: Path, checkout: bool) -> Path:
+    """A copy of the compiled package (and its group library): a source checkout's when
+    `checkout` (pyproject.toml beside it), else laid out as a wheel installs it."""
     copy = tmp_path / "tree"
     shutil.copytree(REPO / "pypool", copy / "pypool")
-    group_libs = [path for path in compiled.ROOT.glob("*__mypyc*") if path.is_file()]
-    assert group_libs, "the compiled group's shared library is missing"
-    for path in group_libs:
-        shutil.copy2(path, copy / path.name)
+    group = compiled.group_library()
+    assert group is not None, "the compiled group's shared library is missing"
+    shutil.copy2(group, copy / group.name)
+    if checkout:
+        shutil.copy2(REPO / "pyproject.toml", copy / "pyproject.toml")
+    return copy
+
+
+def import_from(copy: Path) -> list[str]:
+    return run_python(
+        IMPORT_ALL + "; import pypool.net.pipeline as p; print(p.__file__)",
+        env={"PYTHONPATH": str(copy), "PYPOOL_PURE": ""}, cwd=copy.parent,
+    )
+
+
+@needs_build
+def test_an_edit_after_compiling_falls_back_to_the_source(tmp_path: Path) -> None:
+    """Edit one module of a compiled checkout: all of them load as Python, and the log says
+    why."""
+    copy = compiled_copy(tmp_path, checkout=True)
     edited = copy / "pypool" / "net" / "pipeline.py"
     future = time.time() + 60
     os.utime(edited, (future, future))
-    lines = run_python(
-        IMPORT_ALL + "; import pypool.net.pipeline as p; print(p.__file__)",
-        env={"PYTHONPATH": str(copy), "PYPOOL_PURE": ""}, cwd=tmp_path,
-    )
+    lines = import_from(copy)
     assert lines[0] == (
         "pure Python (pypool.net.pipeline edited since compiled; run `pip install -e .` again)"
     )
     assert lines[1] == "False"
     assert lines[2] == str(edited)
+
+
+@needs_build
+def test_a_wheel_install_stays_compiled_whatever_the_file_times(tmp_path: Path) -> None:
+    """pip writes each .py after its .so: outside a checkout, file times are not edits."""
+    copy = compiled_copy(tmp_path, checkout=False)
+    future = time.time() + 60
+    for module in compiled.HOT_MODULES:
+        source = copy.joinpath(*module.split("."))
+        source = source / "__init__.py" if source.is_dir() else source.with_suffix(".py")
+        os.utime(source, (future, future))
+    lines = import_from(copy)
+    assert lines[:2] == [f"compiled with mypyc ({len(compiled.HOT_MODULES)} modules)", "True"]
+
+
+@needs_build
+def test_without_the_group_library_the_source_is_used(tmp_path: Path) -> None:
+    """The modules' shared library failed to build: load them as Python, not fail to start."""
+    copy = compiled_copy(tmp_path, checkout=False)
+    group = compiled.group_library()
+    assert group is not None
+    (copy / group.name).unlink()
+    lines = import_from(copy)
+    assert lines[0] == "pure Python (only part of the build is there; run `pip install -e .` again)"
+    assert lines[1] == "False"
 
 
 @needs_build

@@ -117,8 +117,12 @@ class Pooler:
             self.metrics_servers = await serve_metrics(
                 self, cfg.metrics_addr or cfg.listen_addr, cfg.metrics_port
             )
-        hosts = [h.strip() for h in cfg.listen_addr.split(",") if h.strip()]
-        hosts = [None if h == "*" else h for h in hosts]  # type: ignore[misc]
+        # "*" is every address: None to create_server. (One list, typed for that: compiled,
+        # a list[str] holding None raises TypeError.)
+        hosts: list[str | None] = [
+            None if h.strip() == "*" else h.strip() for h in cfg.listen_addr.split(",")
+            if h.strip()
+        ]
         for host in hosts:
             server = await self.loop.create_server(
                 lambda: ClientConnection(self),
@@ -656,7 +660,11 @@ class Pooler:
     def _flush_servers(self) -> None:
         servers, self._to_flush = self._to_flush, []
         for server in servers:
-            server.flush()
+            try:
+                server.flush()
+            except Exception:  # noqa: BLE001 - one broken socket must not strand the others
+                log.exception("%r: writing deferred requests failed", server)
+                server.close("write failed")
 
     def pipeline(self, server: ServerConnection) -> None:
         """The linked client has sent a whole transaction: if it ends at its Sync, queue

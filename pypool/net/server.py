@@ -180,7 +180,9 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         if self.state is ServerState.CLOSED or self.transport is None:
             return
         self.close_reason = reason
-        self._deferred.clear()
+        # Deferred requests go first, as they would have had they been written at once (a
+        # client's query followed by its Terminate still runs, as without pipelining).
+        self.flush()
         if self.state in (ServerState.IDLE, ServerState.ACTIVE):
             try:
                 self.transport.write(m.terminate())
@@ -205,8 +207,8 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self._deferred.append(data)
 
     def flush(self) -> None:
-        """Write what `send_soon` deferred (dropped if the server has closed meanwhile: the
-        clients it was for got an error from the close)."""
+        """Write what `send_soon` deferred (`close` does so first; dropped if the server is
+        already closed: the clients it was for got an error from the close)."""
         if self._deferred:
             data = b"".join(self._deferred)
             self._deferred.clear()

@@ -606,12 +606,13 @@ def test_server_terminated_under_a_pipeline(pooler, postgres) -> None:
 class RecordingTransport:
     def __init__(self) -> None:
         self.writes: list[bytes] = []
+        self.closed = False
 
     def write(self, data: bytes) -> None:
         self.writes.append(data)
 
     def close(self) -> None:
-        pass
+        self.closed = True
 
 
 async def test_deferred_requests_go_out_in_one_write_and_nothing_overtakes_them() -> None:
@@ -640,3 +641,8 @@ async def test_deferred_requests_go_out_in_one_write_and_nothing_overtakes_them(
     assert transport.writes == [b"head-1 ", b"head-2 follower head-3"]
     server.send(b"next")
     assert transport.writes[-1] == b"next"
+    # Closed with requests still deferred (a client sent a query and its Terminate in one
+    # packet): they go out before the server closes, as if written at once.
+    server.send_soon(b"last")
+    server.close("client gone")
+    assert transport.writes[-1] == b"last" and transport.closed

@@ -392,3 +392,11 @@ def test_unknown_database_without_star_entry(postgres, pooler) -> None:
     assert "no such database: nowhere" in str(info.value)
     with connect(p.dsn()) as conn:
         assert conn.execute("SELECT 1").fetchone()[0] == 1
+
+
+def test_listen_addr_star_listens_on_every_address(pooler) -> None:
+    """`listen_addr = *`, PgBouncer's "every address": pypool starts and serves on loopback."""
+    p = pooler(ini_overrides={"listen_addr": "*"})
+    with connect(p.dsn()) as conn:
+        assert conn.execute("SELECT 1").fetchone()[0] == 1
+    assert p.proc.poll() is None

@@ -3,7 +3,9 @@ what happens when it completes or is skipped, the verdicts on a server reply, an
 frontend and backend messages the pooler makes up itself.
 
 A request is a plain tuple, `(wait, swallow, op, stmt, client name, segment, payload)`, and
-the common ones are shared constants: the hot path allocates nothing for them.
+the common ones are shared constants. (As Python, queueing one allocates nothing; compiled,
+mypyc holds tuples unboxed and boxes a new one where it is queued, so compare them with ==,
+never `is`.)
 """
 
 from __future__ import annotations
