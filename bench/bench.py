@@ -103,7 +103,7 @@ def pypool_version() -> str:
     version = (
         subprocess.run(
             [sys.executable, "-c",
-             "import pypool; print(pypool.__version__, '; hot path', pypool.compiled.status)"],
+             "import pypool; print(pypool.__version__); print(pypool.compiled.status)"],
             capture_output=True,
             text=True,
             cwd=repo,
@@ -118,9 +118,9 @@ def pypool_version() -> str:
     dirty = subprocess.run(
         [*git, "status", "--porcelain", "--", "pypool"], capture_output=True, text=True
     ).stdout.strip()
-    version, _, hot_path = version.partition(" ; ")  # "hot path compiled with mypyc (...)"
+    version, _, hot_path = version.partition("\n")  # and "compiled with mypyc (...)"
     details = f"git {revision}{'+uncommitted' if dirty else ''}"
-    return f"{version} ({details}; {hot_path})" if hot_path else f"{version} ({details})"
+    return f"{version} ({details}; hot path {hot_path})" if hot_path else f"{version} ({details})"
 
 
 def package_version(name: str) -> str:

@@ -53,16 +53,21 @@ ROOT = Path(__file__).resolve().parent.parent  # the folder that holds `pypool/`
 status = "not decided"
 
 
-def source_path(module: str) -> Path:
-    """The .py file of a hot module (a package's `__init__.py`)."""
+def _location(module: str) -> tuple[Path, str]:
+    """The folder and file stem of a hot module (a package is its `__init__`)."""
     base = ROOT.joinpath(*module.split("."))
-    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+    return (base, "__init__") if base.is_dir() else (base.parent, base.name)
+
+
+def source_path(module: str) -> Path:
+    """The .py file of a hot module."""
+    folder, stem = _location(module)
+    return folder / f"{stem}.py"
 
 
 def extension_path(module: str) -> Path | None:
     """The compiled extension beside a hot module's source, if there is one."""
-    base = ROOT.joinpath(*module.split("."))
-    folder, stem = (base, "__init__") if base.is_dir() else (base.parent, base.name)
+    folder, stem = _location(module)
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         candidate = folder / (stem + suffix)
         if candidate.exists():
@@ -130,11 +135,3 @@ def choose() -> None:
     if not any(isinstance(finder, SourceFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, SourceFinder())
 
-
-def loaded_compiled() -> bool:
-    """Whether the hot modules imported so far came from compiled extensions."""
-    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    loaded = [sys.modules[name] for name in HOT_MODULES if name in sys.modules]
-    return bool(loaded) and all(
-        (getattr(module, "__file__", None) or "").endswith(suffixes) for module in loaded
-    )
