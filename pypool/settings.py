@@ -82,10 +82,12 @@ class PoolerSettings:
     max_user_connections: int = 0
     max_prepared_statements: int = 200
     max_client_prepared_statements: int = 10000
-    pipeline_depth: int = 4
+    pipeline_depth: int = 0
     query_wait_timeout: float = 120.0
+    query_wait_notify: float = 5.0
     query_timeout: float = 0.0
     idle_transaction_timeout: float = 0.0
+    transaction_timeout: float = 0.0
     client_idle_timeout: float = 0.0
     client_login_timeout: float = 60.0
     server_lifetime: float = 3600.0
@@ -167,6 +169,7 @@ class UserEntry:
     pool_mode: str | None = None
     pool_size: int | None = None
     max_user_connections: int | None = None
+    transaction_timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -272,6 +275,8 @@ def _user_entry(name: str, text: str, where: str) -> UserEntry:
             values[key] = value
         elif key in ("pool_size", "max_user_connections"):
             values[key] = int(value)
+        elif key == "transaction_timeout":
+            values[key] = parse_duration(value)
         else:
             log.warning("%s: user %r: unknown key %r ignored", where, name, key)
     return UserEntry(**values)  # type: ignore[arg-type]

@@ -94,6 +94,25 @@ def test_defaults_match_pgbouncer() -> None:
         15.0, 15.0, "DISCARD ALL"
     )
     assert p.server_idle_timeout == 600.0
+    # PgBouncer 1.25's keys: the queued-client NOTICE after 5 s, no transaction_timeout.
+    assert (p.query_wait_notify, p.transaction_timeout) == (5.0, 0.0)
+
+
+def test_pipelining_is_off_by_default() -> None:
+    # It gives up query_wait_timeout, the reserve pool and cancel for queued clients: opt-in.
+    assert PoolerSettings().pipeline_depth == 0
+
+
+def test_pgbouncer_125_keys(tmp_path: Path) -> None:
+    text = (
+        "[pgbouncer]\nquery_wait_notify = 500ms\ntransaction_timeout = 2min\n"
+        "[users]\nbatch = transaction_timeout=10 pool_size=2\nweb = pool_mode=session\n"
+    )
+    settings = load_ini(write_ini(tmp_path, text))
+    assert settings.pooler.query_wait_notify == pytest.approx(0.5)
+    assert settings.pooler.transaction_timeout == pytest.approx(120.0)
+    assert settings.users["batch"].transaction_timeout == pytest.approx(10.0)
+    assert settings.users["web"].transaction_timeout is None  # the global value applies
 
 
 def test_absolute_auth_file_kept(tmp_path: Path) -> None:
