@@ -204,6 +204,7 @@ class PoolerCollector(Collector):
             servers.add_metric([*labels, "active"], c.sv_active)
             servers.add_metric([*labels, "idle"], c.sv_idle)
             servers.add_metric([*labels, "login"], c.sv_login)
+            servers.add_metric([*labels, "being_canceled"], c.sv_being_canceled)
             size.add_metric(labels, pool.limits.pool_size)
         yield clients
         yield servers

@@ -94,12 +94,14 @@ class PoolCounts:
     sv_active: int = 0
     sv_idle: int = 0
     sv_login: int = 0
+    sv_being_canceled: int = 0
     maxwait: float = 0.0  # seconds the oldest waiting client has waited
 
 
 def pool_counts(pool: Pool, now: float) -> PoolCounts:
     counts = PoolCounts(sv_active=len(pool.active), sv_idle=len(pool.idle),
-                        sv_login=len(pool.login))
+                        sv_login=len(pool.login),
+                        sv_being_canceled=len(pool.being_canceled))
     for client in pool.clients:
         state = client.state
         if state is ClientState.WAITING or state is ClientState.WELCOME:
@@ -169,7 +171,8 @@ def show_pools(pooler: Pooler) -> ResultSet:
         c = pool_counts(pool, now)
         wait_us = int(c.maxwait * 1e6)
         rows.append((pool.database, pool.user, c.cl_active, c.cl_waiting, 0, 0, c.sv_active, 0,
-                     0, c.sv_idle, 0, 0, c.sv_login, wait_us // 1_000_000, wait_us % 1_000_000,
+                     c.sv_being_canceled, c.sv_idle, 0, 0, c.sv_login, wait_us // 1_000_000,
+                     wait_us % 1_000_000,
                      pool.limits.pool_mode, None))
     rows.append(admin_row)
     rows.sort(key=lambda r: (r[0], r[1]))

@@ -118,6 +118,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self.wait_start = 0.0
         self.link_time = 0.0
         self.query_start = 0.0
+        self.xact_start = 0.0  # when its current transaction began (transaction_timeout)
+        self.wait_notified = False  # query_wait_notify's NOTICE sent for this wait
         self.tx_status = m.TX_IDLE
         self.pending = 0
         self.unsynced = False
@@ -428,6 +430,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                 if fast is not None:
                     if not self.pending:
                         self.query_start = self.pooler.now()
+                        if self.tx_status == m.TX_IDLE:
+                            self.xact_start = self.query_start
                     self.pending += 1
                     if st is None and not self._outbox:
                         # take_outbox need not look again at these very bytes
@@ -515,6 +519,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             data = data[:pos]
         if not was_pending and (pending or unsynced):
             self.query_start = self.pooler.now()
+            if self.tx_status == m.TX_IDLE:
+                self.xact_start = self.query_start
         if parts:
             if start < len(data):
                 parts.append(data[start:])

@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import logging
 import os
-import random
+import secrets
 import signal
 import time
 from collections.abc import Coroutine
@@ -49,6 +49,10 @@ log = logging.getLogger("pypool")
 
 ADMIN_DATABASES = ("pgbouncer", "pypool")
 JANITOR_PERIOD = 0.5
+# How long a CancelRequest may take to reach PostgreSQL (PgBouncer's cancel_wait_timeout).
+CANCEL_WAIT_TIMEOUT = 10.0
+# PgBouncer's text for query_wait_notify.
+WAIT_NOTICE = "No server connection available in postgres backend, client being queued"
 
 
 @dataclass
@@ -100,14 +104,14 @@ class Pooler:
     # --- start, reload, stop --------------------------------------------------------------
 
     def load_auth(self) -> None:
-        secrets = dict(self.settings.inline_users)
+        known = dict(self.settings.inline_users)
         path = self.settings.pooler.auth_file
         if path:
             try:
-                secrets.update(load_auth_file(path))
+                known.update(load_auth_file(path))
             except OSError as exc:
                 log.error("auth_file %s: cannot read: %s", path, exc.strerror)
-        self.auth_secrets = secrets
+        self.auth_secrets = known
 
     async def start(self) -> None:
         cfg = self.settings.pooler
@@ -437,10 +441,17 @@ class Pooler:
         pool.stats.count_error("server_login_failed")
         server.close(f"login failed: {text}")
         self.server_closed(server, f"login failed: {text}")
-        for client in pool.awaiting_params:
+        # The clients waiting for this login get the server's own error; so do those queued
+        # when no server is left to serve them (they would wait query_wait_timeout for
+        # nothing: no login is tried again before server_login_retry).
+        stranded = list(pool.awaiting_params)
+        pool.awaiting_params.clear()
+        if not pool.idle and not pool.active and not pool.login:
+            stranded += [client for client in pool.waiting if client.state is ClientState.WAITING]
+            pool.waiting.clear()
+        for client in stranded:
             client.write(error)
             client.close("server login failed")
-        pool.awaiting_params.clear()
 
     def server_logged_in(self, server: ServerConnection) -> None:
         pool = server.pool
@@ -487,7 +498,9 @@ class Pooler:
         cfg = self.settings.pooler
         if self.shutting_down:
             raise PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN)
-        if len(self.clients) > cfg.max_client_conn:
+        # The admin console stays reachable when the clients are at their cap, as PgBouncer
+        # exempts it: that is when an operator needs it most.
+        if len(self.clients) > cfg.max_client_conn and client.database not in ADMIN_DATABASES:
             raise PoolerError("no more connections allowed (max_client_conn)",
                               errors.TOO_MANY_CONNECTIONS)
         secret = self.auth_secrets.get(client.user)
@@ -527,7 +540,8 @@ class Pooler:
         if scram_key is not None:
             self.scram_client_keys[client.user] = scram_key
         while True:
-            key = (random.getrandbits(31), random.getrandbits(32))
+            # Unpredictable: a guessed key would let one client cancel another's queries.
+            key = (secrets.randbits(31), secrets.randbits(32))
             if key not in self.cancel_keys:
                 break
         client.cancel_key = key
@@ -546,19 +560,29 @@ class Pooler:
         client.pool = pool
         pool.clients.add(client)
         self.cancel_keys[key] = client
+        failing = self.login_failing(pool)
+        if failing is not None:
+            raise failing
         if pool.server_params is not None:
             client.welcome(pool.server_params)
             return
-        if pool.login_error is not None and (
-            self.now() - pool.login_error[1] < self.settings.pooler.server_login_retry
-        ):
-            fields = m.parse_error_fields(pool.login_error[0][5:])
-            raise PoolerError(
-                "server login has been failing, cached error: "
-                f"{fields.get('M', '')} (server_login_retry)"
-            )
         pool.awaiting_params.append(client)
         self.launch_servers(pool)
+
+    def login_failing(self, pool: Pool) -> PoolerError | None:
+        """The error for a client that needs a server while the pool's logins are failing
+        and it has none to serve with (PgBouncer 1.25): at once, rather than after
+        query_wait_timeout; None when the pool may serve."""
+        failed = pool.login_error
+        if failed is None or pool.idle or pool.active:
+            return None
+        if self.now() - failed[1] >= self.settings.pooler.server_login_retry:
+            return None
+        fields = m.parse_error_fields(failed[0][5:])
+        return PoolerError(
+            f"server login has been failing, cached error: {fields.get('M', '')} "
+            "(server_login_retry)"
+        )
 
     def client_closed(self, client: ClientConnection, reason: str) -> None:
         if client.state is ClientState.CLOSED:
@@ -617,8 +641,13 @@ class Pooler:
             if (pool.open_lines and pool.server_count >= pool.limits.pool_size
                     and pipeline.join_open_line(self, client)):
                 return
+        failing = self.login_failing(pool)
+        if failing is not None:
+            client.fail(failing)
+            return
         client.set_state(ClientState.WAITING)
         client.wait_start = client.state_since
+        client.wait_notified = False
         pool.enqueue(client)
         limits = pool.limits
         if pool.server_count < limits.pool_size + limits.reserve_pool_size:
@@ -714,6 +743,10 @@ class Pooler:
     def server_available(self, server: ServerConnection) -> None:
         """A server with no client: hand it to the first waiting client, or keep it idle."""
         pool = server.pool
+        if server.cancels_in_flight:
+            pool.park_canceled(server)  # _send_cancel brings it back
+            return
+        pool.being_canceled.discard(server)
         now = self.now()
         lifetime = self.settings.pooler.server_lifetime
         if pool.paused or pool.close_needed or pool.removed or (
@@ -763,7 +796,11 @@ class Pooler:
     # --- cancel ---------------------------------------------------------------------------
 
     def forward_cancel(self, pid: int, secret: int) -> None:
-        """A CancelRequest with a pooler-issued key goes to the server that client holds."""
+        """A CancelRequest with a pooler-issued key goes to the server that client holds.
+
+        Until PostgreSQL has taken the cancel (it closes the cancel connection once it has
+        signalled the backend), the server is handed to no one else, or the cancel could hit
+        the next client's query (server_available parks it in Pool.being_canceled)."""
         client = self.cancel_keys.get((pid, secret))
         if client is None or client.server is None:
             return
@@ -772,8 +809,33 @@ class Pooler:
             # Queued in a pipeline: any query it might hit is another client's (pipeline.py).
             log.info("%r: cancel request dropped: its query is queued behind another's", client)
             return
-        self._spawn(_send_cancel(server.host, server.port, server.backend_pid,
-                                 server.backend_secret))
+        server.cancels_in_flight += 1
+        self._spawn(self._send_cancel(server))
+
+    async def _send_cancel(self, server: ServerConnection) -> None:
+        timeout = CANCEL_WAIT_TIMEOUT
+        landed = False
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(server.host, server.port)
+                try:
+                    writer.write(m.cancel_request(server.backend_pid, server.backend_secret))
+                    await writer.drain()
+                    await reader.read()  # PostgreSQL closes it once the backend is signalled
+                    landed = True
+                finally:
+                    writer.close()
+        except (OSError, TimeoutError) as failure:
+            log.warning("%r: cancel request failed: %s", server,
+                        "cancel_wait_timeout" if isinstance(failure, TimeoutError) else failure)
+        server.cancels_in_flight -= 1
+        if server.cancels_in_flight or server.state is ServerState.CLOSED:
+            return
+        if not landed:
+            # It may still land, on whoever has the server by then: never hand it on.
+            self.close_server(server, "cancel request did not complete")
+        elif server in server.pool.being_canceled:
+            self.server_available(server)
 
     # --- the janitor ----------------------------------------------------------------------
 
@@ -800,11 +862,22 @@ class Pooler:
                 ):
                     pool.stats.count_error("query_wait_timeout")
                     pool.waiting[0].fail(PoolerError("query_wait_timeout"))
+            if cfg.query_wait_notify:
+                # PgBouncer 1.25: tell a client queued this long why its query has not run.
+                for client in pool.waiting:
+                    if now - client.wait_start <= cfg.query_wait_notify:
+                        break  # the queue is in arrival order
+                    if not client.wait_notified and client.state is ClientState.WAITING:
+                        client.wait_notified = True
+                        client.write(m.notice_response(WAIT_NOTICE))
                 # Clients at login waiting for the pool's first server wait for a server too.
                 for client in list(pool.awaiting_params):
                     if now - client.state_since > cfg.query_wait_timeout:
                         pool.stats.count_error("query_wait_timeout")
                         client.fail(PoolerError("query_wait_timeout"))
+            user_entry = self.settings.users.get(pool.user)
+            xact_timeout = (user_entry and user_entry.transaction_timeout) or (
+                cfg.transaction_timeout)
             for server in list(pool.active):
                 client = server.client
                 if client is None:
@@ -822,6 +895,14 @@ class Pooler:
                     server.close("idle transaction timeout")
                     pool.stats.count_error("idle_transaction_timeout")
                     client.fail(PoolerError("idle transaction timeout"))
+                if client.state is ClientState.CLOSED:
+                    continue
+                if xact_timeout and now - client.xact_start > xact_timeout and (
+                    client.pending or client.unsynced or client.tx_status != m.TX_IDLE
+                ):
+                    server.close("transaction timeout")
+                    pool.stats.count_error("transaction_timeout")
+                    client.fail(PoolerError("transaction timeout"))
             keep = pool.limits.min_pool_size
             for server in list(pool.idle):
                 if len(pool.idle) + len(pool.active) <= keep:
@@ -830,8 +911,11 @@ class Pooler:
                 if (cfg.server_idle_timeout and idle_for > cfg.server_idle_timeout) or (
                     cfg.server_lifetime and now - server.connect_time > cfg.server_lifetime
                 ):
-                    server.close("server idle timeout" if idle_for > cfg.server_idle_timeout
-                                 else "server lifetime over")
+                    # Through the one close path: out of the idle stack at once, so it is
+                    # never handed out while closing, and the count above sees it gone.
+                    self.close_server(server, "server idle timeout"
+                                      if idle_for > cfg.server_idle_timeout
+                                      else "server lifetime over")
             if pool.removed and not pool.clients:
                 self._drop_removed(pool)
                 continue
@@ -871,14 +955,3 @@ def _server_side(entry: DatabaseEntry) -> tuple[object, ...]:
     return (entry.host, entry.port, entry.server_dbname, entry.user, entry.password,
             entry.auth_user, entry.application_name, entry.client_encoding, entry.datestyle,
             entry.timezone, entry.connect_query)
-
-
-async def _send_cancel(host: str, port: int, pid: int, secret: int) -> None:
-    try:
-        reader, writer = await asyncio.open_connection(host, port)
-        writer.write(m.cancel_request(pid, secret))
-        await writer.drain()
-        await reader.read()
-        writer.close()
-    except OSError as exc:
-        log.warning("cancel to %s:%d failed: %s", host, port, exc)

@@ -103,6 +103,9 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.connect_time = now
         self.request_time = now  # when last linked or released
         self.hidden_syncs = 0
+        # CancelRequests aimed at this server's backend not yet known to have landed: while
+        # any is, the server is handed to no one (Pool.being_canceled).
+        self.cancels_in_flight = 0
         self._setting: list[str] = []  # parameters a hidden SET in flight changes
         self._set_failed = False
         # Clients whose transactions are queued on this server behind the linked client's,

@@ -1,12 +1,14 @@
 """One pool per (database, user): its servers, its waiting clients, its counters.
 
-Theory of operation. A server is in exactly one of three places: `login` (connecting and
+Theory of operation. A server is in exactly one of four places: `login` (connecting and
 authenticating), `idle` (a LIFO stack: the most recently used server is reused first, so the
-others can age out through server_idle_timeout), or `active` (linked to a client). Clients
-that need a server and find none idle wait in `waiting`, served first-in first-out. The pool
-never opens sockets itself: `servers_wanted` tells the asyncio layer how many to open, within
-pool_size (plus reserve_pool_size once a client has waited reserve_pool_timeout) and the
-database-wide and user-wide caps.
+others can age out through server_idle_timeout), `active` (linked to a client), or
+`being_canceled` (free, but a CancelRequest aimed at its last client's query is still on its
+way: handed to anyone now, the cancel could hit their query; PgBouncer's
+sv_being_canceled). Clients that need a server and find none idle wait in `waiting`, served
+first-in first-out. The pool never opens sockets itself: `servers_wanted` tells the asyncio
+layer how many to open, within pool_size (plus reserve_pool_size once a client has waited
+reserve_pool_timeout) and the database-wide and user-wide caps.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class Pool:
         self.idle: list[Any] = []
         self.active: set[Any] = set()
         self.login: set[Any] = set()
+        self.being_canceled: set[Any] = set()
         self.waiting: deque[Any] = deque()
         # Busy servers that could take one more client's transaction behind their last one
         # (net/pipeline.py), most recent last; may be stale, checked when used.
@@ -93,7 +96,7 @@ class Pool:
 
     @property
     def server_count(self) -> int:
-        return len(self.idle) + len(self.active) + len(self.login)
+        return len(self.idle) + len(self.active) + len(self.login) + len(self.being_canceled)
 
     def take_idle(self) -> Any | None:
         """The most recently released idle server, moved to active; None if there is none."""
@@ -106,12 +109,19 @@ class Pool:
     def put_idle(self, server: Any) -> None:
         self.active.discard(server)
         self.login.discard(server)
+        self.being_canceled.discard(server)
         self.idle.append(server)
+
+    def park_canceled(self, server: Any) -> None:
+        """A free server that a cancel in flight may still hit: out of reach until it lands."""
+        self.active.discard(server)
+        self.being_canceled.add(server)
 
     def forget(self, server: Any) -> None:
         """The server is closed: drop it from wherever it was."""
         self.active.discard(server)
         self.login.discard(server)
+        self.being_canceled.discard(server)
         self.close_needed.discard(server)
         for where in (self.idle, self.open_lines):
             try:
