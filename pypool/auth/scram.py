@@ -114,13 +114,55 @@ class ScramAuthError(Exception):
     """The client's SCRAM exchange failed (wrong password, unknown user, malformed)."""
 
 
+class ScramMalformedError(ScramAuthError):
+    """A SCRAM message that breaks RFC 5802's grammar, or asks for what PostgreSQL refuses
+    (an authorization identity, a mandatory extension, channel binding): a protocol
+    violation (08P01), not a wrong password (28P01). The texts are PostgreSQL's."""
+
+
+def _attribute_list(text: str) -> list[tuple[str, str]]:
+    """`a=value,b=value,...` as (name, value) pairs, in order and with repeats kept.
+
+    RFC 5802: a name is one ASCII letter; a value may be empty (libpq's `n=`) and holds no
+    comma (the split sees to that).
+    """
+    pairs = []
+    for part in text.split(","):
+        name = part[:1]
+        if part[1:2] != "=" or not (name.isascii() and name.isalpha()):
+            raise ScramMalformedError(
+                f"malformed SCRAM message (attribute expected, but found {part[:8]!r})"
+            )
+        pairs.append((name, part[2:]))
+    return pairs
+
+
+def _printable(value: str) -> bool:
+    """RFC 5802's `printable`: %x21-2B / %x2D-7E, what a nonce is made of."""
+    return all("!" <= c <= "~" and c != "," for c in value)
+
+
+def _decode(data: bytes, what: str) -> str:
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise ScramMalformedError(f"malformed SCRAM message ({what} is not UTF-8)") from None
+    if "\x00" in text:
+        raise ScramMalformedError(f"malformed SCRAM message (NUL in {what})")
+    return text
+
+
 class ScramServerExchange:
     """The pooler's side of a client's SCRAM login, one message in and one out per step.
 
     Written here rather than with scramp's ScramServer: libpq sends an empty user name
     (`n=,r=...`, PostgreSQL takes the name from the startup packet), which scramp's parser
-    rejects. `verifier` None means the user is unknown: the exchange runs against a made-up
-    verifier and fails at the proof, like a wrong password.
+    rejects. `verifier` None means the user is unknown: the exchange runs against a
+    made-up verifier and fails at the proof, like a wrong password.
+
+    The messages are read as strictly as PostgreSQL's `read_client_first_message` and
+    `read_client_final_message` read them; what breaks the grammar raises
+    ScramMalformedError, a proof that does not verify raises ScramAuthError.
     """
 
     def __init__(self, verifier: ScramVerifier | None, user: str = "") -> None:
@@ -136,20 +178,54 @@ class ScramServerExchange:
         self._server_first = ""
         self._nonce = ""
 
+    @property
+    def expects_client_first(self) -> bool:
+        """True until client_first() has been given a client-first-message."""
+        return not self._nonce
+
     def client_first(self, data: bytes) -> bytes:
-        """Takes client-first-message, returns server-first-message."""
-        try:
-            text = data.decode()
-            cbind_flag, authzid, bare = text.split(",", 2)
-        except (UnicodeDecodeError, ValueError):
-            raise ScramAuthError("malformed SCRAM client-first-message") from None
+        """Takes client-first-message, returns server-first-message.
+
+        client-first-message = gs2-cbind-flag "," [authzid] "," [reserved-mext ","]
+                               username "," nonce ["," extensions]
+        """
+        if self._nonce:
+            raise ScramMalformedError("malformed SCRAM message (a second client-first-message)")
+        text = _decode(data, "client-first-message")
+        cbind_flag = text[:1]
+        if cbind_flag == "p":
+            # PostgreSQL offers SCRAM-SHA-256-PLUS only over TLS; the pooler never does.
+            raise ScramMalformedError(
+                "client requires SCRAM channel binding, but it is not supported"
+            )
         if cbind_flag not in ("n", "y"):
-            raise ScramAuthError("channel binding is not supported")
-        attrs = _attributes(bare)
-        client_nonce = attrs.get("r", "")
-        if not client_nonce:
-            raise ScramAuthError("malformed SCRAM client-first-message: no nonce")
-        self._gs2_header = f"{cbind_flag},{authzid},"
+            raise ScramMalformedError(
+                f"malformed SCRAM message (unexpected channel-binding flag {cbind_flag!r})"
+            )
+        if text[1:2] != ",":
+            raise ScramMalformedError("malformed SCRAM message (comma expected)")
+        if text[2:3] == "a":
+            raise ScramMalformedError(
+                "client uses authorization identity, but it is not supported"
+            )
+        if text[2:3] != ",":
+            raise ScramMalformedError(
+                "malformed SCRAM message (unexpected attribute in client-first-message)"
+            )
+        bare = text[3:]
+        if bare[:1] == "m":
+            raise ScramMalformedError("client requires an unsupported SCRAM extension")
+        attrs = _attribute_list(bare)
+        # The user name is read and ignored: the startup packet's is the one that counts.
+        if len(attrs) < 2 or attrs[0][0] != "n" or attrs[1][0] != "r":
+            raise ScramMalformedError(
+                "malformed SCRAM message (user name and nonce expected in client-first-message)"
+            )
+        client_nonce = attrs[1][1]
+        if not client_nonce or not _printable(client_nonce):
+            raise ScramMalformedError("malformed SCRAM message (non-printable nonce)")
+        # Any extensions after the nonce are optional ones; none is supported, all ignored.
+        self._gs2_header = text[:3]
         self._client_first_bare = bare
         self._nonce = client_nonce + base64.b64encode(os.urandom(18)).decode()
         v = self.verifier
@@ -159,24 +235,36 @@ class ScramServerExchange:
         return self._server_first.encode()
 
     def client_final(self, data: bytes) -> bytes:
-        """Takes client-final-message, returns server-final-message or raises ScramAuthError."""
+        """Takes client-final-message, returns server-final-message or raises ScramAuthError.
+
+        client-final-message = channel-binding "," nonce ["," extensions] "," proof
+        """
+        if not self._nonce:
+            raise ScramMalformedError("malformed SCRAM message (client-final before client-first)")
+        text = _decode(data, "client-final-message")
+        attrs = _attribute_list(text)
+        if len(attrs) < 3 or attrs[0][0] != "c" or attrs[1][0] != "r" or attrs[-1][0] != "p":
+            raise ScramMalformedError(
+                "malformed SCRAM message (channel binding, nonce and proof expected)"
+            )
+        if any(name in "crp" for name, _ in attrs[2:-1]):
+            raise ScramMalformedError("malformed SCRAM message (attribute repeated)")
         try:
-            text = data.decode()
-        except UnicodeDecodeError:
-            raise ScramAuthError("malformed SCRAM client-final-message") from None
-        without_proof, _, proof_b64 = text.rpartition(",p=")
-        attrs = _attributes(without_proof)
-        expected_binding = base64.b64encode(self._gs2_header.encode()).decode()
-        if attrs.get("c") != expected_binding or attrs.get("r") != self._nonce:
-            raise ScramAuthError("malformed SCRAM client-final-message")
-        try:
-            proof = base64.b64decode(proof_b64, validate=True)
+            binding = base64.b64decode(attrs[0][1], validate=True)
+            proof = base64.b64decode(attrs[-1][1], validate=True)
         except ValueError:
-            raise ScramAuthError("malformed SCRAM proof") from None
+            raise ScramMalformedError("malformed SCRAM message (invalid base64)") from None
+        if binding != self._gs2_header.encode():
+            raise ScramMalformedError(
+                "malformed SCRAM message (channel binding does not match client-first-message)"
+            )
+        if attrs[1][1] != self._nonce:
+            raise ScramMalformedError("malformed SCRAM message (nonce does not match)")
         v = self.verifier
-        auth_message = f"{self._client_first_bare},{self._server_first},{without_proof}".encode()
         if len(proof) != len(v.stored_key):
-            raise ScramAuthError("malformed SCRAM proof")
+            raise ScramMalformedError("malformed SCRAM message (invalid proof length)")
+        without_proof = text[: text.rindex(",p=")]
+        auth_message = f"{self._client_first_bare},{self._server_first},{without_proof}".encode()
         client_key = _xor(proof, _hmac(v.stored_key, auth_message))
         if not hmac.compare_digest(hashlib.sha256(client_key).digest(), v.stored_key):
             raise ScramAuthError("invalid proof")

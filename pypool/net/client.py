@@ -34,6 +34,7 @@ from ..auth.md5 import is_md5_hash, md5_hash, md5_response
 from ..auth.scram import (
     MECHANISM,
     ScramAuthError,
+    ScramMalformedError,
     ScramServerExchange,
     ScramVerifier,
     verifier_for_password,
@@ -330,14 +331,28 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             try:
                 if not self._scram_started:
                     self._scram_started = True
-                    mechanism, first = m.parse_sasl_initial_response(body)
+                    mechanism, initial = m.parse_sasl_initial_response(body)
                     if mechanism != MECHANISM:
-                        raise sasl_failed
+                        raise ScramMalformedError(
+                            "client selected an invalid SASL authentication mechanism"
+                        )
+                    if initial is None:
+                        # No initial response: an empty challenge asks for it (RFC 4422,
+                        # as PostgreSQL does); it comes back as a SASLResponse.
+                        self.write(m.authentication(m.AUTH_SASL_CONTINUE))
+                        return
+                    body = initial
+                if exchange.expects_client_first:
                     self.write(m.authentication(m.AUTH_SASL_CONTINUE,
-                                                exchange.client_first(first)))
+                                                exchange.client_first(body)))
                     return
                 final = exchange.client_final(body)
-            except (ScramAuthError, ValueError, struct.error):
+            except ScramMalformedError as malformed:
+                # Broken grammar is a protocol violation (08P01), as in PostgreSQL.
+                raise errors.ClientProtocolError(str(malformed)) from None
+            except (ValueError, struct.error) as bad_message:  # own name (mypyc)
+                raise errors.ClientProtocolError(str(bad_message)) from None
+            except ScramAuthError:
                 raise sasl_failed from None
             self.write(m.authentication(m.AUTH_SASL_FINAL, final))
             self.authenticated(exchange.client_key)

@@ -64,6 +64,7 @@ TX_FAILED: Final = ord("E")
 
 _HEADER: Final = struct.Struct("!cI")
 _INT32: Final = struct.Struct("!I")
+_SIGNED_INT32: Final = struct.Struct("!i")
 
 
 def message(kind: int, body: bytes = b"") -> bytes:
@@ -257,15 +258,31 @@ def parse_sasl_mechanisms(payload: bytes) -> list[str]:
     return [m.decode() for m in payload.split(b"\x00") if m]
 
 
-def parse_sasl_initial_response(body: bytes | memoryview) -> tuple[str, bytes]:
-    """Mechanism name and client-first-message of a SASLInitialResponse."""
+def parse_sasl_initial_response(body: bytes | memoryview) -> tuple[str, bytes | None]:
+    """Mechanism name and initial response (the client-first-message) of a
+    SASLInitialResponse; None when the client sent none (length -1).
+
+    The Int32 length must account for the rest of the body exactly, as PostgreSQL checks
+    it (pq_getmsgbytes, then pq_getmsgend); anything else raises ValueError.
+    """
     raw = bytes(body)
-    mechanism, _, rest = raw.partition(b"\x00")
+    end = raw.find(b"\x00")
+    if end < 0:
+        raise ValueError("invalid SASLInitialResponse: mechanism name not terminated")
+    rest = raw[end + 1 :]
     if len(rest) < 4:
-        raise ValueError("SASLInitialResponse too short")
-    (length,) = _INT32.unpack_from(rest, 0)
-    data = rest[4:] if length == 0xFFFFFFFF else rest[4 : 4 + length]
-    return mechanism.decode("ascii", "replace"), data
+        raise ValueError("invalid SASLInitialResponse: no length")
+    (length,) = _SIGNED_INT32.unpack_from(rest, 0)
+    data = rest[4:]
+    if length == -1:
+        if data:
+            raise ValueError("invalid SASLInitialResponse: data after length -1")
+        return raw[:end].decode("ascii", "replace"), None
+    if length != len(data):
+        raise ValueError(
+            f"invalid SASLInitialResponse: length {length}, but {len(data)} bytes follow"
+        )
+    return raw[:end].decode("ascii", "replace"), data
 
 
 def parse_password(body: bytes | memoryview) -> str:

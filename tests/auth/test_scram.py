@@ -19,6 +19,7 @@ from pypool.auth.scram import (
     MECHANISM,
     ScramAuthError,
     ScramClientLogin,
+    ScramMalformedError,
     ScramServerExchange,
     ScramVerifier,
     is_scram_verifier,
@@ -236,6 +237,65 @@ def test_tampered_client_final() -> None:
         assert fresh.client_key is None
     # The untampered final still works on its own exchange.
     client.check_final(server.client_final(final.encode()))
+
+
+@pytest.mark.parametrize(
+    ("first", "reason"),
+    [
+        # PostgreSQL and PgBouncer refuse an authorization identity and a mandatory extension.
+        (b"n,a=postgres,n=,r=abc", "authorization identity"),
+        (b"y,a=app,n=app,r=abc", "authorization identity"),
+        (b"n,,m=ext,n=,r=abc", "unsupported SCRAM extension"),
+        (b"n,,n=,r=ab\x01c", "malformed SCRAM message"),  # a nonce must be printable
+        (b"n,,r=abc", "malformed SCRAM message"),  # no user name attribute
+        (b"n,,n=,x=1,r=abc", "malformed SCRAM message"),  # r must follow n
+        (b"n,,n=,r=abc,=x", "malformed SCRAM message"),  # an extension without a name
+        (b"n,,n=,r=abc\x00", "malformed SCRAM message"),
+        (b"nx,,n=,r=abc", "malformed SCRAM message"),
+        (b"p=tls-server-end-point,,n=,r=abc", "channel binding"),
+    ],
+)
+def test_client_first_that_postgres_refuses_is_malformed(first: bytes, reason: str) -> None:
+    server = ScramServerExchange(ScramVerifier.from_password(PASSWORD))
+    with pytest.raises(ScramMalformedError, match=reason):
+        server.client_first(first)
+
+
+def test_client_first_may_carry_optional_extensions() -> None:
+    server = ScramServerExchange(ScramVerifier.from_password(PASSWORD))
+    assert server.client_first(b"n,,n=app,r=abc,x=ext").startswith(b"r=abc")
+
+
+def test_client_final_with_attributes_out_of_order_or_doubled_is_malformed() -> None:
+    verifier = ScramVerifier.from_password(PASSWORD)
+    for tamper in (
+        lambda w, p: f"r={w['r']},c=biws,p={p}",  # order
+        lambda w, p: f"c=biws,r={w['r']},r={w['r']},p={p}",  # r twice
+        lambda w, p: f"c=biws,r={w['r']},p={p},x=1",  # something after the proof
+        lambda w, p: f"c=biws,r={w['r']},p={p},p={p}",
+    ):
+        server = ScramServerExchange(verifier)
+        client = LibpqStyleClient(PASSWORD)
+        real = client.final(server.client_first(client.first())).decode()
+        without, _, proof = real.rpartition(",p=")
+        attrs = dict(part.split("=", 1) for part in without.split(","))
+        with pytest.raises(ScramMalformedError):
+            server.client_final(tamper(attrs, proof).encode())
+        assert server.client_key is None
+
+
+def test_wrong_proof_is_a_failed_login_not_malformed() -> None:
+    server = ScramServerExchange(ScramVerifier.from_password(PASSWORD))
+    client = LibpqStyleClient("wrong")
+    with pytest.raises(ScramAuthError) as info:
+        server.client_final(client.final(server.client_first(client.first())))
+    assert not isinstance(info.value, ScramMalformedError)
+
+
+def test_client_final_before_client_first_is_malformed() -> None:
+    server = ScramServerExchange(ScramVerifier.from_password(PASSWORD))
+    with pytest.raises(ScramMalformedError):
+        server.client_final(b"c=biws,r=,p=AAAA")
 
 
 # --- the pooler as a SCRAM client -----------------------------------------------------------

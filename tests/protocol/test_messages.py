@@ -162,8 +162,30 @@ def test_sasl_initial_response_round_trip() -> None:
 
 
 def test_sasl_initial_response_without_data() -> None:
+    # Length -1: no initial response at all (RFC 4422), not an empty one.
     body = b"SCRAM-SHA-256\x00\xff\xff\xff\xff"
+    assert m.parse_sasl_initial_response(body) == ("SCRAM-SHA-256", None)
+
+
+def test_sasl_initial_response_with_empty_data() -> None:
+    body = b"SCRAM-SHA-256\x00\x00\x00\x00\x00"
     assert m.parse_sasl_initial_response(body) == ("SCRAM-SHA-256", b"")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"SCRAM-SHA-256\x00" + struct.pack("!i", 5) + b"n,,n=,r=abc",  # shorter than the rest
+        b"SCRAM-SHA-256\x00" + struct.pack("!i", 50) + b"n,,n=,r=abc",  # longer
+        b"SCRAM-SHA-256\x00" + struct.pack("!i", -1) + b"n,,n=,r=abc",  # none, yet data
+        b"SCRAM-SHA-256\x00" + struct.pack("!i", -2),
+        b"SCRAM-SHA-256" + struct.pack("!i", 0),  # the mechanism is not terminated
+    ],
+)
+def test_sasl_initial_response_length_must_match_the_rest(body: bytes) -> None:
+    # PostgreSQL: pq_getmsgbytes then pq_getmsgend, "invalid message format".
+    with pytest.raises(ValueError):
+        m.parse_sasl_initial_response(body)
 
 
 def test_sasl_initial_response_too_short() -> None:

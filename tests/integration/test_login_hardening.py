@@ -1,0 +1,108 @@
+"""The login phase under hostile input, on raw sockets against a real pooler: malformed SCRAM,
+bad startup packets, messages out of place, oversized headers before authentication,
+protocol negotiation, and a bounded fuzz run. Each case ends in an ErrorResponse (FATAL)
+and a closed connection, a WARNING in the log, and a pooler that still serves others."""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+from pypool.protocol import messages as m
+
+from .polling import wait_for
+from .rawclient import RawClient
+
+pytestmark = pytest.mark.timeout(60)
+
+APP, APP_PW = "app", "app-secret"
+
+
+def still_serves(p) -> None:  # type: ignore[no-untyped-def]
+    """A normal client can log in through the pooler `p` and run a query."""
+    with psycopg.connect(p.dsn(), connect_timeout=5) as conn:
+        assert conn.execute("SELECT 40 + 2").fetchone() == (42,)
+
+
+def warned(p, pattern: str) -> bool:  # type: ignore[no-untyped-def]
+    """A WARNING line matching `pattern` reaches the log within a few seconds (so `-q`,
+    which hides INFO, still shows it)."""
+    line = re.compile(r" WARNING .*" + pattern)
+    return wait_for(lambda: any(line.search(x) for x in p.log().splitlines()), 5)
+
+
+def sasl_start(raw: RawClient, user: str = APP) -> None:
+    """Send the startup packet and read up to AuthenticationSASL."""
+    raw.send_startup({"user": user, "database": "app"})
+    kind, body = raw.read_until(m.AUTHENTICATION)[-1]
+    assert m.parse_authentication(body)[0] == m.AUTH_SASL
+
+
+# --- SCRAM: what PostgreSQL and PgBouncer refuse --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("first", "text"),
+    [
+        (b"n,a=postgres,n=,r=abcdefgh", "authorization identity"),
+        (b"n,,m=ext,n=,r=abcdefgh", "unsupported SCRAM extension"),
+    ],
+)
+def test_client_first_with_authzid_or_mandatory_extension_is_refused(
+    pooler: Callable, first: bytes, text: str
+) -> None:
+    p = pooler()
+    with RawClient(p.host, p.port) as raw:
+        sasl_start(raw)
+        raw.send(m.sasl_initial_response("SCRAM-SHA-256", first))
+        error = raw.read_error_and_close()
+    assert (error["S"], error["C"]) == ("FATAL", "08P01")
+    assert text in error["M"]
+    assert warned(p, text)
+    still_serves(p)
+
+
+@pytest.mark.parametrize("length", [5, 200, -1])
+def test_sasl_initial_response_length_that_does_not_match_is_refused(
+    pooler: Callable, length: int
+) -> None:
+    p = pooler()
+    data = b"n,,n=,r=abcdefgh"
+    with RawClient(p.host, p.port) as raw:
+        sasl_start(raw)
+        body = m.cstring("SCRAM-SHA-256") + struct.pack("!i", length) + data
+        raw.send(m.message(m.PASSWORD_MESSAGE, body))
+        error = raw.read_error_and_close()
+    assert (error["S"], error["C"]) == ("FATAL", "08P01")
+    assert warned(p, "SASLInitialResponse")
+    still_serves(p)
+
+
+def test_sasl_initial_response_without_data_gets_an_empty_challenge(pooler: Callable) -> None:
+    # Length -1 and nothing after it: as PostgreSQL, ask for the client-first-message with
+    # an empty AuthenticationSASLContinue; it then comes as a SASLResponse.
+    p = pooler()
+    with RawClient(p.host, p.port) as raw:
+        sasl_start(raw)
+        raw.send(m.message(m.PASSWORD_MESSAGE, m.cstring("SCRAM-SHA-256") + b"\xff" * 4))
+        kind, body = raw.read_message() or (0, b"")
+        assert (kind, m.parse_authentication(body)) == (m.AUTHENTICATION,
+                                                       (m.AUTH_SASL_CONTINUE, b""))
+        raw.send(m.password_message(b"n,,n=,r=abcdefgh"))
+        kind, body = raw.read_message() or (0, b"")
+        code, payload = m.parse_authentication(body)
+        assert code == m.AUTH_SASL_CONTINUE and payload.startswith(b"r=abcdefgh")
+
+
+def test_unknown_sasl_mechanism_is_refused(pooler: Callable) -> None:
+    p = pooler()
+    with RawClient(p.host, p.port) as raw:
+        sasl_start(raw)
+        raw.send(m.sasl_initial_response("SCRAM-SHA-1", b"n,,n=,r=abcdefgh"))
+        error = raw.read_error_and_close()
+    assert (error["S"], error["C"]) == ("FATAL", "08P01")
+    assert error["M"] == "client selected an invalid SASL authentication mechanism"
