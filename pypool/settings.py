@@ -2,9 +2,14 @@
 
 Every supported key and its default lives in `PoolerSettings` below, in one place; units
 follow PgBouncer (times in seconds, fractions allowed, or with a unit suffix such as `500ms`).
-Errors name the file and the key. An unknown key is a warning, never a crash: an operator's
-pgbouncer.ini carries keys pypool does not implement (TLS, DNS, ...), and those keep working
-in PgBouncer's place as no-ops.
+Every value, from the ini, a RELOAD or the console's SET, goes through one parser and checker
+(`parse_value`: type, range, choices), so SET cannot install a value the ini would refuse.
+Errors name the file, the line and the key.
+
+An unknown key is a warning, never a crash, and PgBouncer keys that change nothing in pypool's
+place (DNS, syslog, unix sockets, ...) are accepted quietly. Keys whose being ignored would
+mislead the operator are refused unless set to the value that leaves them off: TLS (plaintext
+where verify-full was asked for is a security hole) and the few `NOT_YET_IMPLEMENTED` keys.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from urllib.parse import unquote, urlsplit
 log = logging.getLogger("pypool.settings")
 
 POOL_MODES = ("session", "transaction", "statement")
-AUTH_TYPES = ("scram-sha-256", "md5", "plain", "trust", "any", "hba", "cert")
+AUTH_TYPES = ("scram-sha-256", "md5", "plain", "trust", "any")
+# PgBouncer's auth types that pypool refuses: they need an hba file or client certificates.
+UNSUPPORTED_AUTH_TYPES = ("hba", "cert")
 
-# The keys PgBouncer accepts that pypool parses but does not act on.
+# The keys PgBouncer accepts that pypool parses but does not act on, accepted quietly.
 ACCEPTED_UNUSED_KEYS = frozenset(
     """
     user unix_socket_dir unix_socket_mode unix_socket_group auth_hba_file auth_ident_file
@@ -30,22 +37,74 @@ ACCEPTED_UNUSED_KEYS = frozenset(
     suspend_timeout tcp_defer_accept tcp_socket_buffer tcp_keepalive tcp_keepcnt
     tcp_keepidle tcp_keepintvl tcp_user_timeout dns_max_ttl dns_nxdomain_ttl dns_zone_check_period
     resolv_conf disable_pqexec server_round_robin server_fast_close peer_id
-    client_tls_sslmode client_tls_key_file client_tls_cert_file client_tls_ca_file
-    client_tls_protocols client_tls_ciphers client_tls_ecdhcurve client_tls_dheparams
-    client_tls13_ciphers server_tls_sslmode server_tls_ca_file server_tls_key_file
-    server_tls_cert_file server_tls_protocols server_tls_ciphers server_tls13_ciphers
     verbose max_packet_size_warn cancel_wait_timeout
     """.split()
 )
 
+# TLS is not implemented. Its keys are accepted only with a value that leaves TLS off
+# (PgBouncer's defaults, or empty); any other value, or a key or certificate file, says the
+# operator wants TLS, and pypool refuses to start rather than talk plaintext.
+_UNSET = frozenset({""})
+TLS_KEYS: dict[str, frozenset[str]] = {
+    "client_tls_sslmode": frozenset({"", "disable"}),
+    "client_tls_key_file": _UNSET,
+    "client_tls_cert_file": _UNSET,
+    "client_tls_ca_file": _UNSET,
+    "client_tls_protocols": frozenset({"", "secure", "all"}),
+    "client_tls_ciphers": frozenset({"", "default", "fast"}),
+    "client_tls13_ciphers": _UNSET,
+    "client_tls_ecdhcurve": frozenset({"", "auto"}),
+    "client_tls_dheparams": frozenset({"", "auto"}),
+    "server_tls_sslmode": frozenset({"", "disable"}),
+    "server_tls_ca_file": _UNSET,
+    "server_tls_key_file": _UNSET,
+    "server_tls_cert_file": _UNSET,
+    "server_tls_protocols": frozenset({"", "secure", "all"}),
+    "server_tls_ciphers": frozenset({"", "default", "fast"}),
+    "server_tls13_ciphers": _UNSET,
+}
+
+# [pgbouncer] keys with a field but no effect yet, and why: only their default is accepted.
+# (server_check_query, server_check_delay, server_reset_query_always, connect_query,
+# application_name_add_host, shutdown_timeout, query_wait_notify and transaction_timeout
+# are being made to work in net/pooler.py, so they are accepted.)
+NOT_YET_IMPLEMENTED: dict[str, str] = {
+    "pkt_buf": "pypool sizes its buffers itself",
+}
+
+MAX_INT = 2147483647  # PgBouncer keeps integer settings in a C int
+# Inclusive bounds of numeric keys, in [pgbouncer], [databases] and [users] alike. Any other
+# integer must be in 0..MAX_INT, and every time >= 0 (parse_duration has no sign).
+BOUNDS: dict[str, tuple[int, int]] = {
+    "listen_port": (1, 65535),
+    "port": (1, 65535),
+    "metrics_port": (0, 65535),
+    "max_client_conn": (1, MAX_INT),
+    "workers": (1, 1024),
+    "max_packet_size": (1024, MAX_INT),
+    "pkt_buf": (512, MAX_INT),
+}
+
 
 class SettingsError(Exception):
-    """The configuration cannot be used; the message names the file and key."""
+    """The configuration cannot be used; the message names the file, line and key."""
+
+
+class NotSupported(ValueError):
+    """A key pypool parses but does not implement, set to a value that would need it."""
+
+
+def parse_int(text: str) -> int:
+    if not re.fullmatch(r"\s*[-+]?[0-9]+\s*", text):
+        raise ValueError(f"not an integer: {text!r}")
+    return int(text)
 
 
 def parse_duration(text: str) -> float:
     """Seconds from PgBouncer's time syntax: `15`, `0.5`, `500ms`, `2min`, `1h`."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(us|ms|s|min|h|d)?\s*", text)
+    if not match and text.strip().startswith("-"):
+        raise ValueError(f"must be >= 0, not {text.strip()}")
     if not match:
         raise ValueError(f"not a duration: {text!r}")
     value = float(match.group(1))
@@ -237,6 +296,97 @@ def parse_connstring(text: str) -> dict[str, str]:
 _INT_DB_KEYS = ("pool_size", "min_pool_size", "reserve_pool_size", "max_db_connections")
 
 
+# --- one value: parse and check -------------------------------------------------------------
+
+_FIELDS = {f.name: f for f in dataclasses.fields(PoolerSettings)}
+_DEFAULTS = PoolerSettings()
+
+
+def _check(key: str, value: object) -> None:
+    """Raise ValueError if `value` is out of `key`'s range or choices (any section)."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        low, high = BOUNDS.get(key, (0, MAX_INT))
+        if not low <= value <= high:
+            allowed = f">= {low}" if high == MAX_INT else f"between {low} and {high}"
+            raise ValueError(f"must be {allowed}, not {value}")
+    elif key == "pool_mode" and value not in POOL_MODES:
+        raise ValueError(f"must be one of {', '.join(POOL_MODES)}, not {value!r}")
+    elif key == "auth_type" and value not in AUTH_TYPES:
+        unsupported = " (not supported yet)" if value in UNSUPPORTED_AUTH_TYPES else ""
+        raise ValueError(f"must be one of {', '.join(AUTH_TYPES)}, not {value!r}{unsupported}")
+
+
+def parse_value(key: str, text: str) -> object:
+    """The value of [pgbouncer] key `key` (a `PoolerSettings` field, lower case) from its ini
+    text, checked as the ini, RELOAD and SET all check it. Raises ValueError saying what is
+    wrong (NotSupported for a key or value pypool does not implement)."""
+    field_type = str(_FIELDS[key].type)
+    text = text.strip()
+    value: object
+    if field_type == "int":
+        value = parse_int(text)
+    elif field_type == "float":
+        value = parse_duration(text)
+    elif field_type == "bool":
+        value = parse_bool(text)
+    elif field_type == "tuple[str, ...]":
+        value = parse_list(text)
+    else:
+        value = text
+    _check(key, value)
+    if key in NOT_YET_IMPLEMENTED and value != getattr(_DEFAULTS, key):
+        raise NotSupported(f"{NOT_YET_IMPLEMENTED[key]}; remove it or set it to its default, "
+                           f"{getattr(_DEFAULTS, key)}")
+    return value
+
+
+def check_tls_key(key: str, text: str) -> None:
+    """Raise NotSupported unless TLS key `key` is set to a value that leaves TLS off."""
+    if text.strip().lower() in TLS_KEYS[key]:
+        return
+    if key.endswith("_sslmode"):
+        raise NotSupported(f"TLS is not implemented, and {key} = {text.strip()} would run in "
+                           "plaintext; set it to disable (terminate TLS in front of pypool)")
+    raise NotSupported("TLS is not implemented and this key asks for it; remove it")
+
+
+def _problem(at: str, key: str, exc: ValueError) -> SettingsError:
+    if isinstance(exc, NotSupported):
+        return SettingsError(f"{at}: key {key} is not supported yet: {exc}")
+    return SettingsError(f"{at}: {key}: {exc}")
+
+
+@dataclass(frozen=True)
+class _Section:
+    """Where one section's keys are, for messages: `path:line [name]`."""
+
+    path: str
+    name: str
+    lines: dict[str, int] = field(default_factory=dict)  # key as written -> its line
+
+    def at(self, key: str) -> str:
+        line = self.lines.get(key)
+        return f"{self.path}:{line} [{self.name}]" if line else f"{self.path} [{self.name}]"
+
+
+def _key_lines(text: str) -> dict[str, dict[str, int]]:
+    """section -> key (as written) -> the line that sets it (the last one, as configparser)."""
+    lines: dict[str, dict[str, int]] = {}
+    section: dict[str, int] | None = None
+    for number, line in enumerate(text.splitlines(), 1):
+        header = re.match(r"\[([^\]]+)\]", line)
+        if header:
+            section = lines.setdefault(header.group(1), {})
+        elif section is not None and line[:1] not in ("", " ", "\t", ";", "#") and "=" in line:
+            section[line.split("=", 1)[0].strip()] = number
+    return lines
+
+
+# --- sections ---------------------------------------------------------------------------------
+
+
 def _database_entry(name: str, text: str, where: str) -> DatabaseEntry:
     try:
         raw = parse_connstring(text)
@@ -250,13 +400,10 @@ def _database_entry(name: str, text: str, where: str) -> DatabaseEntry:
             continue
         try:
             if key == "port" or key in _INT_DB_KEYS:
-                values[key] = int(value)
-            elif key == "pool_mode":
-                if value not in POOL_MODES:
-                    raise ValueError(f"pool_mode must be one of {POOL_MODES}")
-                values[key] = value
+                values[key] = parse_int(value)
             else:
                 values[key] = value
+            _check(key, values[key])
         except ValueError as exc:
             raise SettingsError(f"{where}: database {name!r}: {key}: {exc}") from None
     if "host" in values and str(values["host"]).startswith("/"):
@@ -268,75 +415,65 @@ def _database_entry(name: str, text: str, where: str) -> DatabaseEntry:
 
 
 def _user_entry(name: str, text: str, where: str) -> UserEntry:
-    raw = parse_connstring(text)
+    try:
+        raw = parse_connstring(text)
+    except ValueError as exc:
+        raise SettingsError(f"{where}: user {name!r}: {exc}") from None
     values: dict[str, object] = {"name": name}
     for key, value in raw.items():
-        if key == "pool_mode":
-            values[key] = value
-        elif key in ("pool_size", "max_user_connections"):
-            values[key] = int(value)
-        elif key == "transaction_timeout":
-            values[key] = parse_duration(value)
-        else:
-            log.warning("%s: user %r: unknown key %r ignored", where, name, key)
+        try:
+            if key == "pool_mode":
+                values[key] = value
+            elif key in ("pool_size", "max_user_connections"):
+                values[key] = parse_int(value)
+            elif key == "transaction_timeout":
+                values[key] = parse_duration(value)
+            else:
+                log.warning("%s: user %r: unknown key %r ignored", where, name, key)
+                continue
+            _check(key, values[key])
+        except ValueError as exc:
+            raise SettingsError(f"{where}: user {name!r}: {key}: {exc}") from None
     return UserEntry(**values)  # type: ignore[arg-type]
 
 
-def _convert(field_type: str, key: str, value: str) -> object:
-    value = value.strip()
-    if field_type == "int":
-        return int(value)
-    if field_type == "float":
-        return parse_duration(value)
-    if field_type == "bool":
-        return parse_bool(value)
-    if field_type == "tuple[str, ...]":
-        return parse_list(value)
-    return value
-
-
-def pooler_settings(items: dict[str, str], where: str) -> PoolerSettings:
-    """Build PoolerSettings from raw key/value strings, validating each."""
-    fields = {f.name: f for f in dataclasses.fields(PoolerSettings)}
+def pooler_settings(items: dict[str, str], where: str | _Section) -> PoolerSettings:
+    """Build PoolerSettings from raw key/value strings (the [pgbouncer] section), checking
+    each; `where` names the file and section (and holds the keys' lines)."""
+    section = where if isinstance(where, _Section) else _Section(where, "pgbouncer")
     values: dict[str, object] = {}
-    for key, raw in items.items():
-        key = key.strip().lower()
-        if key not in fields:
-            if key not in ACCEPTED_UNUSED_KEYS:
-                log.warning("%s: unknown key %r ignored", where, key)
-            continue
+    for written, raw in items.items():
+        key = written.strip().lower()
+        at = section.at(written)
         try:
-            values[key] = _convert(str(fields[key].type), key, raw)
+            if key in TLS_KEYS:
+                check_tls_key(key, raw)
+            elif key in _FIELDS:
+                values[key] = parse_value(key, raw)
+            elif key not in ACCEPTED_UNUSED_KEYS:
+                log.warning("%s: unknown key %r ignored", at, key)
         except ValueError as exc:
-            raise SettingsError(f"{where}: {key}: {exc}") from None
-    return _validated(PoolerSettings(**values), where)  # type: ignore[arg-type]
+            raise _problem(at, key, exc) from None
+    return PoolerSettings(**values)  # type: ignore[arg-type]
 
 
 def replace_setting(settings: PoolerSettings, key: str, text: str) -> PoolerSettings:
-    """`settings` with one key set from its ini text, validated as the ini would be (the
-    console's SET). Raises SettingsError for an unknown, restart-only or malformed key."""
-    fields = {f.name: f for f in dataclasses.fields(PoolerSettings)}
+    """`settings` with one key set from its ini text, checked by the same `parse_value` as
+    the ini (the console's SET). Raises SettingsError for an unknown, restart-only, malformed
+    or out-of-range value, and `settings` stays as it was."""
     key = key.strip().lower()
-    if key not in fields:
-        raise SettingsError(f"unknown parameter: {key}")
-    if key in RESTART_ONLY_KEYS:
-        raise SettingsError(f"{key} cannot be changed at runtime")
     try:
-        value = _convert(str(fields[key].type), key, text)
+        if key in TLS_KEYS:
+            check_tls_key(key, text)
+            return settings  # TLS stays off, as asked
+        if key not in _FIELDS:
+            raise SettingsError(f"unknown parameter: {key}")
+        if key in RESTART_ONLY_KEYS:
+            raise SettingsError(f"{key} cannot be changed at runtime")
+        value = parse_value(key, text)
     except ValueError as exc:
-        raise SettingsError(f"{key}: {exc}") from None
-    changed = dataclasses.replace(settings, **{key: value})  # type: ignore[arg-type]
-    return _validated(changed, "SET")
-
-
-def _validated(settings: PoolerSettings, where: str) -> PoolerSettings:
-    if settings.pool_mode not in POOL_MODES:
-        raise SettingsError(f"{where}: pool_mode: must be one of {', '.join(POOL_MODES)}")
-    if settings.auth_type not in AUTH_TYPES:
-        raise SettingsError(f"{where}: auth_type: unsupported value {settings.auth_type!r}")
-    if settings.auth_type in ("hba", "cert"):
-        raise SettingsError(f"{where}: auth_type: {settings.auth_type} is not supported")
-    return settings
+        raise _problem("SET", key, exc) from None
+    return dataclasses.replace(settings, **{key: value})  # type: ignore[arg-type]
 
 
 def load_ini(path: str | Path) -> Settings:
@@ -354,20 +491,27 @@ def load_ini(path: str | Path) -> Settings:
         parser.read_string(text, source=str(path))
     except configparser.Error as exc:
         raise SettingsError(f"{path}: {exc}") from None
-    section = next((s for s in ("pgbouncer", "pypool") if parser.has_section(s)), None)
-    if section is None:
+    lines = _key_lines(text)
+
+    def section(name: str) -> _Section:
+        return _Section(str(path), name, lines.get(name, {}))
+
+    name = next((s for s in ("pgbouncer", "pypool") if parser.has_section(s)), None)
+    if name is None:
         raise SettingsError(f"{path}: no [pgbouncer] or [pypool] section")
-    pooler = pooler_settings(dict(parser.items(section)), f"{path} [{section}]")
+    pooler = pooler_settings(dict(parser.items(name)), section(name))
     if pooler.auth_file and not Path(pooler.auth_file).is_absolute():
         pooler = dataclasses.replace(pooler, auth_file=str(path.parent / pooler.auth_file))
     databases: dict[str, DatabaseEntry] = {}
     if parser.has_section("databases"):
-        for name, value in parser.items("databases"):
-            databases[name] = _database_entry(name, value, f"{path} [databases]")
+        where = section("databases")
+        for db, value in parser.items("databases"):
+            databases[db] = _database_entry(db, value, where.at(db))
     users: dict[str, UserEntry] = {}
     if parser.has_section("users"):
-        for name, value in parser.items("users"):
-            users[name] = _user_entry(name, value, f"{path} [users]")
+        where = section("users")
+        for user, value in parser.items("users"):
+            users[user] = _user_entry(user, value, where.at(user))
     return Settings(pooler=pooler, databases=databases, users=users, path=str(path))
 
 

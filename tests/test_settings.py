@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from pypool.settings import (
+    NOT_YET_IMPLEMENTED,
+    RESTART_ONLY_KEYS,
+    TLS_KEYS,
     DatabaseEntry,
     PoolerSettings,
     SettingsError,
@@ -16,7 +24,10 @@ from pypool.settings import (
     parse_bool,
     parse_connstring,
     parse_duration,
+    replace_setting,
 )
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -162,9 +173,12 @@ def test_unknown_key_is_a_warning_naming_it(
 def test_pgbouncer_keys_pypool_does_not_act_on_are_quiet(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # TLS keys too, with the values that leave TLS off (PgBouncer's defaults).
     text = (
         "[pgbouncer]\nunix_socket_dir = /tmp\nclient_tls_sslmode = disable\n"
-        "tcp_keepalive = 1\nserver_tls_sslmode = prefer\ndns_max_ttl = 15\n"
+        "tcp_keepalive = 1\nserver_tls_sslmode = disable\ndns_max_ttl = 15\n"
+        "client_tls_protocols = secure\nserver_tls_ciphers = default\nclient_tls_key_file =\n"
+        "client_tls_ecdhcurve = auto\npkt_buf = 4096\n"
     )
     with caplog.at_level(logging.WARNING, logger="pypool.settings"):
         load_ini(write_ini(tmp_path, text))
@@ -367,3 +381,194 @@ def test_from_url_defaults() -> None:
 def test_from_url_rejects_other_schemes(url: str) -> None:
     with pytest.raises(SettingsError):
         from_url(url)
+
+
+# --- one parser and checker for the ini and SET -------------------------------------------------
+
+# (key, value) pairs that parse but would break the pooler, and what the refusal says.
+OUT_OF_RANGE = [
+    ("default_pool_size", "-1", ">= 0"),
+    ("min_pool_size", "-2", ">= 0"),
+    ("reserve_pool_size", "-1", ">= 0"),
+    ("max_db_connections", "-5", ">= 0"),
+    ("max_user_connections", "-1", ">= 0"),
+    ("max_prepared_statements", "-1", ">= 0"),
+    ("pipeline_depth", "-1", ">= 0"),
+    ("max_client_conn", "0", ">= 1"),
+    ("listen_port", "0", "between 1 and 65535"),
+    ("listen_port", "65536", "between 1 and 65535"),
+    ("metrics_port", "70000", "between 0 and 65535"),
+    ("workers", "0", "between 1 and 1024"),
+    ("query_wait_timeout", "-1", ">= 0"),
+    ("transaction_timeout", "-10", ">= 0"),
+    ("query_wait_notify", "-1s", ">= 0"),
+    ("pool_mode", "connection", "one of session, transaction, statement"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "why"), OUT_OF_RANGE)
+def test_out_of_range_values_name_the_file_line_and_key(
+    tmp_path: Path, key: str, value: str, why: str
+) -> None:
+    path = write_ini(tmp_path, f"[databases]\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\n"
+                               f"{key} = {value}\n")
+    with pytest.raises(SettingsError) as info:
+        load_ini(path)
+    assert str(info.value).startswith(f"{path}:5 [pgbouncer]: {key}: must be {why}")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"), [case for case in OUT_OF_RANGE if case[0] not in RESTART_ONLY_KEYS]
+)
+def test_set_refuses_what_the_ini_refuses(key: str, value: str, why: str) -> None:
+    running = PoolerSettings(default_pool_size=7)
+    with pytest.raises(SettingsError, match=f"{key}: must be {re.escape(why)}"):
+        replace_setting(running, key, value)
+    assert running.default_pool_size == 7  # frozen: nothing half-applied
+
+
+def test_set_accepts_what_the_ini_accepts() -> None:
+    running = PoolerSettings()
+    changed = replace_setting(running, "default_pool_size", "0")
+    assert changed.default_pool_size == 0
+    assert replace_setting(running, "query_wait_timeout", "500ms").query_wait_timeout == 0.5
+    assert replace_setting(running, "Transaction_Timeout", " 10 ").transaction_timeout == 10.0
+    assert replace_setting(running, "pool_mode", "statement").pool_mode == "statement"
+    assert dataclasses.replace(changed, default_pool_size=20) == running
+    for key, value in (("default_pool_size", "many"), ("no_such_key", "1"),
+                       ("listen_port", "7000"), ("log_connections", "maybe")):
+        with pytest.raises(SettingsError):
+            replace_setting(running, key, value)
+
+
+def test_the_line_is_the_one_in_force(tmp_path: Path) -> None:
+    # configparser keeps the last of a repeated key, so the error points at that one.
+    text = "[pgbouncer]\n; a comment\ndefault_pool_size = 5\n\nDefault_Pool_Size = -1\n"
+    with pytest.raises(SettingsError, match=r":5 \[pgbouncer\]: default_pool_size:"):
+        load_ini(write_ini(tmp_path, text))
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        ("app = host=x port=0", "port"),
+        ("app = host=x port=65536", "port"),
+        ("app = host=x pool_size=-1", "pool_size"),
+        ("app = host=x reserve_pool_size=-1", "reserve_pool_size"),
+        ("app = host=x max_db_connections=-1", "max_db_connections"),
+    ],
+)
+def test_database_entry_ranges(tmp_path: Path, line: str, key: str) -> None:
+    path = write_ini(tmp_path, f"[pgbouncer]\n[databases]\nother = host=y\n{line}\n")
+    with pytest.raises(SettingsError) as info:
+        load_ini(path)
+    assert str(info.value).startswith(f"{path}:4 [databases]: database 'app': {key}: ")
+
+
+@pytest.mark.parametrize(
+    ("entry", "key"),
+    [
+        ("pool_size=-1", "pool_size"),
+        ("pool_size=many", "pool_size"),
+        ("max_user_connections=-3", "max_user_connections"),
+        ("pool_mode=connection", "pool_mode"),
+        ("transaction_timeout=soon", "transaction_timeout"),
+        ("transaction_timeout=-1", "transaction_timeout"),
+        ("pool_size='open", "batch"),
+    ],
+)
+def test_bad_user_entries_name_the_file_line_and_key(
+    tmp_path: Path, entry: str, key: str
+) -> None:
+    # Before, a bad integer here escaped as a bare ValueError (a traceback at start).
+    path = write_ini(tmp_path, f"[pgbouncer]\n[users]\nbatch = {entry}\n")
+    with pytest.raises(SettingsError) as info:
+        load_ini(path)
+    assert str(info.value).startswith(f"{path}:3 [users]: user 'batch': ")
+    assert key in str(info.value)
+
+
+# --- keys pypool does not implement ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("client_tls_sslmode", "require"),
+        ("client_tls_sslmode", "verify-full"),
+        ("client_tls_sslmode", "allow"),
+        ("server_tls_sslmode", "verify-ca"),
+        ("server_tls_sslmode", "prefer"),
+        ("client_tls_key_file", "/etc/pgbouncer/server.key"),
+        ("client_tls_cert_file", "/etc/pgbouncer/server.crt"),
+        ("server_tls_ca_file", "/etc/ssl/root.crt"),
+        ("client_tls_ciphers", "HIGH:!aNULL"),
+        ("server_tls13_ciphers", "TLS_AES_256_GCM_SHA384"),
+    ],
+)
+def test_tls_is_refused_naming_the_key(tmp_path: Path, key: str, value: str) -> None:
+    path = write_ini(tmp_path, f"[pgbouncer]\nlisten_port = 7000\n{key} = {value}\n")
+    with pytest.raises(SettingsError) as info:
+        load_ini(path)
+    assert str(info.value).startswith(f"{path}:3 [pgbouncer]: key {key} is not supported yet: ")
+    assert "TLS" in str(info.value)
+    with pytest.raises(SettingsError, match=f"key {key} is not supported yet"):
+        replace_setting(PoolerSettings(), key, value)
+
+
+def test_every_tls_key_accepts_its_off_value(tmp_path: Path) -> None:
+    text = "[pgbouncer]\n" + "".join(f"{key} =\n" for key in TLS_KEYS)
+    assert load_ini(write_ini(tmp_path, text)).pooler == PoolerSettings()
+
+
+def test_unimplemented_keys_only_at_their_default(tmp_path: Path) -> None:
+    assert "pkt_buf" in NOT_YET_IMPLEMENTED
+    path = write_ini(tmp_path, "[pgbouncer]\npkt_buf = 8192\n")
+    with pytest.raises(SettingsError) as info:
+        load_ini(path)
+    assert str(info.value).startswith(f"{path}:2 [pgbouncer]: key pkt_buf is not supported yet")
+    assert load_ini(write_ini(tmp_path, "[pgbouncer]\npkt_buf = 4096\n")).pooler.pkt_buf == 4096
+
+
+def test_keys_being_implemented_are_accepted(tmp_path: Path) -> None:
+    text = (
+        "[databases]\napp = host=x connect_query='SET search_path = app'\n"
+        "[pgbouncer]\nserver_check_query = select 2\nserver_check_delay = 10\n"
+        "server_reset_query_always = 1\napplication_name_add_host = 1\n"
+        "shutdown_timeout = 30\nquery_wait_notify = 0\ntransaction_timeout = 60\n"
+    )
+    settings = load_ini(write_ini(tmp_path, text))
+    p = settings.pooler
+    assert (p.server_check_query, p.server_check_delay, p.server_reset_query_always) == (
+        "select 2", 10.0, True)
+    assert (p.application_name_add_host, p.shutdown_timeout) == (True, 30.0)
+    assert (p.query_wait_notify, p.transaction_timeout) == (0.0, 60.0)
+    assert settings.databases["app"].connect_query == "SET search_path = app"
+
+
+def test_start_with_tls_exits_naming_the_key(tmp_path: Path) -> None:
+    # The operator asked for TLS: pypool does not start in plaintext instead.
+    path = write_ini(tmp_path, "[databases]\napp = host=127.0.0.1\n[pgbouncer]\n"
+                               "listen_port = 1\nclient_tls_sslmode = require\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-m", "pypool", str(path)], capture_output=True,
+                          text=True, timeout=20, env=env, stdin=subprocess.DEVNULL)
+    assert done.returncode != 0
+    assert "client_tls_sslmode" in done.stderr
+    assert f"{path}:5" in done.stderr
+
+
+# --- the example configuration ---------------------------------------------------------------
+
+
+def test_example_ini_lists_every_key_with_its_default() -> None:
+    """config/pypool.ini lists every [pgbouncer] key, at its default unless marked CHANGED."""
+    example = REPO_ROOT / "config" / "pypool.ini"
+    settings = load_ini(example).pooler
+    text = example.read_text()
+    defaults = PoolerSettings()
+    for f in dataclasses.fields(PoolerSettings):
+        match = re.search(rf"^(;; CHANGED.*\n)?{f.name} =", text, re.MULTILINE)
+        assert match, f"{f.name} is not in config/pypool.ini"
+        if not match.group(1):
+            assert getattr(settings, f.name) == getattr(defaults, f.name), f.name

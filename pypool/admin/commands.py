@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..protocol.errors import PoolerError
 from ..settings import SettingsError, replace_setting
-from .show import ADMIN_DB, FAKE_PARAMS, database_entry
+from .show import ADMIN_DB, FAKE_PARAMS, config_text, database_entry
 
 if TYPE_CHECKING:
     from ..net.pooler import Pooler
@@ -219,7 +219,13 @@ def shutdown(pooler: Pooler, arg: str) -> Reply:
 
 
 def set_param(pooler: Pooler, key: str, value: str, is_admin: bool) -> Reply:
-    """SET key = value: a [pgbouncer] key, live, as a RELOAD with that one key changed."""
+    """SET key = value: a [pgbouncer] key, live, as a RELOAD with that one key changed.
+
+    The value is parsed and checked by the ini's own parser (`replace_setting`), so SET
+    cannot install what the ini would refuse (`default_pool_size = -1` would leave every
+    client waiting). A refusal keeps the old value and answers PgBouncer's `SET failed`; the
+    reason goes to the log, as PgBouncer's does.
+    """
     if key.lower() in FAKE_PARAMS:
         return Done("SET", notice="SET ignored")
     if not is_admin:
@@ -227,11 +233,19 @@ def set_param(pooler: Pooler, key: str, value: str, is_admin: bool) -> Reply:
     try:
         new = replace_setting(pooler.settings.pooler, key, value)
     except SettingsError as exc:
-        log.warning("SET %s = %r failed: %s", key, value, exc)
+        log.warning("%s; %s", exc, _kept(pooler, key))
         raise AdminError("SET failed") from None
     log.info("SET %s = %r", key, value)
     pooler.apply_settings(dataclasses.replace(pooler.settings, pooler=new))
     return Done(f"SET {key}={value}")
+
+
+def _kept(pooler: Pooler, key: str) -> str:
+    """What a refused SET left in force, for the log: `key stays '5'`."""
+    name = key.strip().lower()
+    if not hasattr(pooler.settings.pooler, name):
+        return "nothing changed"
+    return f"{name} stays {config_text(getattr(pooler.settings.pooler, name))!r}"
 
 
 # Commands that take an optional argument, by name. SHOW and SET are parsed by the console.
