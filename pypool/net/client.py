@@ -323,11 +323,14 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
 
     def _auth_message(self, body: bytes) -> None:
         secret = self._secret
-        failed = PoolerError("password authentication failed", errors.INVALID_PASSWORD)
+        # A failed login is the client's failure: logged at WARNING, so `-q` still shows it.
+        failed = PoolerError("password authentication failed", errors.INVALID_PASSWORD,
+                             side=errors.Side.CLIENT)
         if self._auth_kind == "scram":
             exchange = self._auth_exchange
             assert exchange is not None
-            sasl_failed = PoolerError("SASL authentication failed", errors.INVALID_PASSWORD)
+            sasl_failed = PoolerError("SASL authentication failed", errors.INVALID_PASSWORD,
+                                      side=errors.Side.CLIENT)
             try:
                 if not self._scram_started:
                     self._scram_started = True

@@ -106,3 +106,19 @@ def test_unknown_sasl_mechanism_is_refused(pooler: Callable) -> None:
         error = raw.read_error_and_close()
     assert (error["S"], error["C"]) == ("FATAL", "08P01")
     assert error["M"] == "client selected an invalid SASL authentication mechanism"
+@pytest.mark.parametrize(
+    ("auth_type", "user", "text"),
+    [
+        ("scram-sha-256", APP, "SASL authentication failed"),
+        ("scram-sha-256", "ghost", "SASL authentication failed"),  # unknown user
+        ("md5", APP, "password authentication failed"),
+        ("plain", "ghost", "password authentication failed"),
+    ],
+)
+def test_failed_login_stays_28p01_and_is_logged_as_a_warning(
+    pooler: Callable, auth_type: str, user: str, text: str
+) -> None:
+    p = pooler({"auth_type": auth_type})
+    with pytest.raises(psycopg.OperationalError, match=text):
+        psycopg.connect(p.dsn(user=user, password="wrong"), connect_timeout=5)
+    assert warned(p, text + r" \(28P01\)")
