@@ -1,0 +1,188 @@
+"""Proof that nothing is lost: money transfers through the pooler while servers are
+terminated, clients die inside transactions and PostgreSQL crashes and restarts.
+
+The workload, the fault injectors and the check live in bench/ledger.py (its docstring is
+the theory of operation); bench/ledger.py runs the same for minutes, here it runs for
+seconds. What must hold, read directly on PostgreSQL afterwards: the total is unchanged;
+every acknowledged COMMIT has its journal row; no transfer that never sent COMMIT has one;
+the balances are the initial ones plus the journal; no BEGIN ever found a transaction
+open; no backend is left idle in transaction. Ambiguous transfers (the connection broke
+after COMMIT was sent) may go either way; pg_xact_status must agree with the journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from bench import ledger
+from bench.ledger import Attempt, Outcome, Transfer
+from pypool.embedded import EmbeddedPostgres
+from tests.integration.polling import wait_for
+
+pytestmark = pytest.mark.timeout(45)
+
+ACCOUNTS, BALANCE = 10, 10_000
+
+
+@pytest.fixture
+def ledger_db(postgres: EmbeddedPostgres) -> Iterator[str]:
+    """A fresh database owned by `app`: ACCOUNTS accounts of BALANCE, an empty journal."""
+    name = f"ledger_{time.monotonic_ns()}"
+    ledger.create_ledger(postgres.dsn(), name, "app", ACCOUNTS, BALANCE)
+    yield name
+    ledger.drop_ledger(postgres.dsn(), name)
+
+
+def ledger_pooler(pooler, postgres: EmbeddedPostgres, dbname: str, pool_size: int):
+    return pooler(
+        ini_overrides={
+            "default_pool_size": str(pool_size),
+            "server_login_retry": "0.5",
+            "query_wait_timeout": "10",
+        },
+        databases={dbname: f"host={postgres.host} port={postgres.port} dbname={dbname}"},
+    )
+
+
+def settled(postgres: EmbeddedPostgres, dbname: str) -> bool:
+    """No backend of `dbname` inside a transaction (the pooler had time to roll back)."""
+    return wait_for(lambda: ledger.in_transaction_backends(postgres.dsn(), dbname) == 0, 5)
+
+
+# -- the whole ledger under faults ---------------------------------------------------------
+
+
+async def test_no_transfer_lost_or_leaked_under_faults(postgres, pooler, ledger_db) -> None:
+    cfg = ledger.Config(
+        duration=8.0,
+        clients=24,
+        accounts=ACCOUNTS,
+        initial_balance=BALANCE,
+        terminate_every=0.4,
+        kill_every=0.3,
+        restarts=1,
+        restart_mode="immediate",
+        seed=20261201,
+    )
+    p = ledger_pooler(pooler, postgres, ledger_db, pool_size=3)
+    tally = await ledger.run_ledger(
+        cfg,
+        p.dsn(ledger_db),
+        postgres.dsn(),
+        ledger_db,
+        restart=lambda mode: postgres.restart(mode, keep_commits=False),
+    )
+    await asyncio.to_thread(settled, postgres, ledger_db)
+    verdict = ledger.check(cfg, tally, postgres.dsn(), ledger_db)
+    print(ledger.summary("pypool", tally, verdict, verbose=True))
+
+    # The run did what it claims: work got done and every kind of fault landed.
+    assert tally.count(Outcome.ACKNOWLEDGED) >= 200
+    assert tally.faults.terminated >= 5
+    assert tally.faults.restarts == 1
+    assert {how.split()[1] for how in tally.faults.killed} == {"eof", "reset", "cancel"}
+    assert tally.count(Outcome.KILLED) >= 5
+    assert tally.count(Outcome.FAILED) >= 1  # the faults hurt somebody
+    assert tally.stalled == 0
+    assert p.proc.poll() is None
+
+    # The invariants, one by one (verdict.broken() words the same in one list).
+    assert verdict.total_found == verdict.total_expected
+    assert verdict.missing_acknowledged == []
+    assert verdict.failed_with_row == []
+    assert verdict.unexplained_rows == []
+    assert verdict.mismatched_rows == []
+    assert verdict.balance_mismatches == {}
+    assert verdict.xid_disagreements == []
+    assert verdict.inherited_transactions == 0
+    assert verdict.idle_in_transaction == 0
+    assert verdict.journal_rows == tally.count(Outcome.ACKNOWLEDGED) + verdict.ambiguous_committed
+    assert verdict.broken() == []
+
+
+# -- one dead client, one server ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "driver, how",
+    [("asyncpg", "reset"), ("asyncpg", "cancel"), ("psycopg", "eof"), ("psycopg", "cancel")],
+)
+async def test_dead_clients_transaction_is_not_passed_on(
+    postgres, pooler, ledger_db, pg_activity, driver, how
+) -> None:
+    """A client dies inside BEGIN; UPDATE; INSERT. With a single server, the next client
+    gets that server slot: it must see the balance unchanged and no transaction open."""
+    p = ledger_pooler(pooler, postgres, ledger_db, pool_size=1)
+    kind = ledger.DRIVERS[driver]
+    victim = await kind.connect(p.dsn(ledger_db), True)
+    doomed = Attempt(Transfer("doomed", 0, 1, 1000), driver)
+    await victim.execute("BEGIN")
+    await victim.execute(ledger.UPDATE_BALANCE, -1000, 0)
+    doomed.xid = await victim.fetchval(ledger.INSERT_JOURNAL, "doomed", 0, 1, 1000)
+    victim_pid = await victim.backend_pid()
+    victim_began = await victim.fetchval("SELECT now()")  # its transaction's start
+    assert postgres.execute(
+        "SELECT state FROM pg_stat_activity WHERE pid = %s", params=(victim_pid,)
+    ) == [("idle in transaction",)]
+    await victim.kill(how)
+
+    nxt = await kind.connect(p.dsn(ledger_db), True)
+    try:
+        async with asyncio.timeout(5):
+            # A transaction of its own: a later start, no transaction id yet. (Not
+            # now() = statement_timestamp(): under the extended protocol PostgreSQL
+            # stamps the statement after the transaction began, pooler or not.)
+            assert await nxt.fetchval("SELECT now()") > victim_began
+            assert await nxt.fetchval("SELECT pg_current_xact_id_if_assigned()") is None
+            assert await nxt.fetchval("SELECT balance FROM accounts WHERE id = 0") == BALANCE
+            assert await nxt.fetchval("SELECT count(*) FROM journal") == 0
+            assert await nxt.execute("BEGIN") == "BEGIN"
+            await nxt.execute(ledger.UPDATE_BALANCE, 5, 1)
+            assert await nxt.execute("COMMIT") == "COMMIT"
+        assert nxt.inherited == 0  # no "there is already a transaction in progress"
+    finally:
+        await nxt.close()
+
+    assert pg_activity(postgres, ledger_db, "app") <= 1  # one slot: the next client had it
+    assert postgres.execute(
+        "SELECT pg_xact_status(%s::xid8)", params=(doomed.xid,), dbname=ledger_db
+    ) == [("aborted",)]
+    assert postgres.execute(
+        "SELECT array_agg(balance ORDER BY id) FROM accounts WHERE id IN (0, 1)",
+        dbname=ledger_db,
+    ) == [([BALANCE, BALANCE + 5],)]
+    assert await asyncio.to_thread(settled, postgres, ledger_db)
+
+
+# -- the check itself can fail ------------------------------------------------------------------
+
+
+def test_check_catches_a_lost_commit_and_a_leaked_transaction(postgres, ledger_db) -> None:
+    """The pooler bugs the ledger is there to catch, played directly on PostgreSQL: an
+    acknowledged transfer whose row is gone, and a killed client's half-transfer committed
+    by whoever got its server next."""
+    cfg = ledger.Config(accounts=ACCOUNTS, initial_balance=BALANCE)
+    dsn = psycopg.conninfo.make_conninfo(postgres.dsn(), dbname=ledger_db)
+    tally = ledger.Tally()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        lost = Attempt(Transfer("lost", 2, 3, 7), "psycopg", acknowledged=True)
+        leaked = Attempt(Transfer("leaked", 4, 5, 11), "psycopg", killed="eof")
+        conn.execute("BEGIN")
+        conn.execute("UPDATE accounts SET balance = balance - 11 WHERE id = 4")
+        conn.execute("INSERT INTO journal VALUES ('leaked', 4, 5, 11)")
+        leaked.xid = conn.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+        conn.execute("BEGIN")  # the next client's BEGIN: 25001, a warning only
+        conn.execute("COMMIT")
+        tally.attempts += [lost, leaked]
+    verdict = ledger.check(cfg, tally, postgres.dsn(), ledger_db)
+    assert verdict.total_found == verdict.total_expected - 11
+    assert verdict.missing_acknowledged == ["lost"]
+    assert verdict.failed_with_row == ["leaked"]
+    assert verdict.balance_mismatches == {5: (BALANCE + 11, BALANCE)}
+    assert verdict.xid_disagreements == []  # committed, and the row is there: consistent
+    assert len(verdict.broken()) == 4
