@@ -233,10 +233,9 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             try:
                 size = startup_packet_size(self._startup_buffer)
             except StartupError as exc:
-                # Garbage before the startup packet: there is no protocol to answer in.
-                log.warning("%r: bad startup packet: %s", self, exc)
-                self.close(str(exc))
-                return
+                # Garbage or a typed message before the startup packet: answered in v3,
+                # FATAL 08P01, as PgBouncer does ("bad packet header"); fail() logs it.
+                raise errors.ClientProtocolError(str(exc)) from None
             if size is None or len(self._startup_buffer) < size:
                 return
             packet = bytes(self._startup_buffer[:size])
@@ -336,9 +335,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                     self._scram_started = True
                     mechanism, initial = m.parse_sasl_initial_response(body)
                     if mechanism != MECHANISM:
-                        raise ScramMalformedError(
-                            "client selected an invalid SASL authentication mechanism"
-                        )
+                        raise sasl_failed  # PostgreSQL: 08P01, but clients may match 28P01
                     if initial is None:
                         # No initial response: an empty challenge asks for it (RFC 4422,
                         # as PostgreSQL does); it comes back as a SASLResponse.

@@ -50,13 +50,35 @@ class StartupMessage:
 StartupPacket = SSLRequest | GSSENCRequest | CancelRequest | StartupMessage
 
 
+# Frontend message types (a type byte, then an Int32 length): sent before the startup packet,
+# they are a client out of step, told apart from garbage for a clearer error.
+_FRONTEND_TYPES = frozenset(b"BCcdDEfFHPpQSX")
+# No PostgreSQL message is 1 GiB or more (MaxAllocSize): such a "length" is garbage.
+_MAX_MESSAGE_LENGTH = 0x3FFFFFFF
+
+
 def startup_packet_size(data: bytes | bytearray) -> int | None:
-    """Size of the packet at the start of `data`, or None while fewer than 4 bytes arrived."""
+    """Size of the packet at the start of `data`, or None while too few bytes arrived to say.
+
+    A startup packet opens with its Int32 length, at most MAX_STARTUP_PACKET, so its first
+    two bytes are zero. A regular message opens with a type byte: one of the frontend types
+    followed by a plausible Int32 length is a message sent before the startup packet
+    (PgBouncer: "client password pkt before startup packet" for a PasswordMessage);
+    anything else is "bad packet header", with the first bytes in hex, as PgBouncer says.
+    """
     if len(data) < 4:
         return None
+    if data[0] in _FRONTEND_TYPES:
+        if len(data) < 5:
+            return None  # the length of a typed message ends one byte later
+        (length,) = struct.unpack_from("!I", data, 1)
+        if 4 <= length <= _MAX_MESSAGE_LENGTH:
+            if data[0] == ord("p"):
+                raise StartupError("client password pkt before startup packet")
+            raise StartupError(f"unexpected message type '{chr(data[0])}' before startup packet")
     (size,) = struct.unpack_from("!I", data, 0)
     if size < 8 or size > MAX_STARTUP_PACKET:
-        raise StartupError(f"invalid startup packet length {size}")
+        raise StartupError(f"bad packet header: '{bytes(data[:8]).hex()}'")
     return int(size)
 
 

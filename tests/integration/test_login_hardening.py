@@ -99,13 +99,14 @@ def test_sasl_initial_response_without_data_gets_an_empty_challenge(pooler: Call
 
 
 def test_unknown_sasl_mechanism_is_refused(pooler: Callable) -> None:
+    # PostgreSQL and PgBouncer say 08P01 "client selected an invalid SASL authentication
+    # mechanism"; pypool keeps its 28P01 (tests/integration/test_bad_input.py pins it).
     p = pooler()
     with RawClient(p.host, p.port) as raw:
         sasl_start(raw)
         raw.send(m.sasl_initial_response("SCRAM-SHA-1", b"n,,n=,r=abcdefgh"))
         error = raw.read_error_and_close()
-    assert (error["S"], error["C"]) == ("FATAL", "08P01")
-    assert error["M"] == "client selected an invalid SASL authentication mechanism"
+    assert (error["S"], error["C"], error["M"]) == ("FATAL", "28P01", "SASL authentication failed")
 @pytest.mark.parametrize(
     ("auth_type", "user", "text"),
     [
@@ -122,3 +123,43 @@ def test_failed_login_stays_28p01_and_is_logged_as_a_warning(
     with pytest.raises(psycopg.OperationalError, match=text):
         psycopg.connect(p.dsn(user=user, password="wrong"), connect_timeout=5)
     assert warned(p, text + r" \(28P01\)")
+
+
+# --- the startup packet ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        struct.pack("!II", 4, 196608) + b"user\x00app\x00\x00",  # shorter than its header
+        struct.pack("!II", 10001, 196608) + b"user\x00app\x00\x00",  # MAX_STARTUP_PACKET + 1
+        struct.pack("!II", 0x7FFFFFFF, 196608),
+        b"GET / HTTP/1.1\r\nHost: example\r\n\r\n",
+    ],
+)
+def test_bad_startup_header_gets_fatal_bad_packet_header(pooler: Callable, data: bytes) -> None:
+    # PgBouncer answers these with "bad packet header: '<hex>'"; pypool closed silently.
+    p = pooler({"auth_type": "trust"})
+    with RawClient(p.host, p.port) as raw:
+        raw.send(data)
+        error = raw.read_error_and_close()
+    assert (error["S"], error["C"]) == ("FATAL", "08P01")
+    assert error["M"] == f"bad packet header: '{data[:8].hex()}'"
+    assert warned(p, "bad packet header")
+    still_serves(p)
+
+
+@pytest.mark.parametrize(
+    ("data", "text"),
+    [
+        (m.password_message(m.cstring(APP_PW)), "client password pkt before startup packet"),
+        (m.query("SELECT 1"), "unexpected message type 'Q' before startup packet"),
+    ],
+)
+def test_message_before_startup_gets_fatal(pooler: Callable, data: bytes, text: str) -> None:
+    p = pooler()
+    with RawClient(p.host, p.port) as raw:
+        raw.send(data)
+        error = raw.read_error_and_close()
+    assert (error["S"], error["C"], error["M"]) == ("FATAL", "08P01", text)
+    still_serves(p)

@@ -148,14 +148,37 @@ def test_size_waits_for_four_bytes() -> None:
 
 @pytest.mark.parametrize("size", [0, 4, 7, MAX_STARTUP_PACKET + 1, 0x7FFFFFFF, 0xFFFFFFFF])
 def test_invalid_sizes(size: int) -> None:
-    with pytest.raises(StartupError, match="invalid startup packet length"):
-        startup_packet_size(struct.pack("!I", size))
+    # PgBouncer's words, with the header in hex as it prints it.
+    header = struct.pack("!I", size)
+    with pytest.raises(StartupError, match=f"^bad packet header: '{header.hex()}'$"):
+        startup_packet_size(header)
 
 
 def test_http_request_is_not_a_startup_packet() -> None:
-    # "GET " as a length is ~1.2 GB: rejected from the first four bytes.
-    with pytest.raises(StartupError):
+    # "GET " as a length is ~1.2 GB, and G is no frontend message: rejected at once.
+    with pytest.raises(StartupError, match="^bad packet header: '474554202f204854'$"):
         startup_packet_size(b"GET / HTTP/1.1\r\n")
+    with pytest.raises(StartupError, match="^bad packet header"):
+        startup_packet_size(b"POST / HTTP/1.1\r\n")  # P is Parse, but no Parse is 1.3 GB
+
+
+def test_password_message_before_startup() -> None:
+    with pytest.raises(StartupError, match="^client password pkt before startup packet$"):
+        startup_packet_size(m.password_message(m.cstring("secret")))
+
+
+@pytest.mark.parametrize("message", [m.query("SELECT 1"), m.sync(), m.terminate()])
+def test_typed_message_before_startup(message: bytes) -> None:
+    with pytest.raises(StartupError, match=f"^unexpected message type '{chr(message[0])}' "
+                                           "before startup packet$"):
+        startup_packet_size(message)
+
+
+def test_a_typed_message_is_told_from_its_fifth_byte() -> None:
+    # 'Q' then three bytes could still be a Query header; wait for the length to end.
+    assert startup_packet_size(b"Q\x00\x00\x00") is None
+    with pytest.raises(StartupError, match="before startup packet"):
+        startup_packet_size(b"Q\x00\x00\x00\x0d")
 
 
 def test_largest_allowed_size() -> None:
