@@ -15,7 +15,8 @@ Each client writes down what it knows about each of its transfers (`Attempt.outc
   (and after one UPDATE only, so a leaked half-transfer would show in the total). A
   certain failure like the one before, and the one a pooler is most likely to get wrong:
   the server still holds the dead client's open transaction.
-- ambiguous: the connection broke after COMMIT was sent and before its answer came back.
+- ambiguous: the connection broke after COMMIT was sent and before its answer came back
+  (by accident, or because the harness killed the client the moment its COMMIT left).
   Either outcome is allowed; they are counted apart.
 
 The INSERT returns the transaction's id (pg_current_xact_id()), so afterwards
@@ -26,13 +27,16 @@ inside somebody else's transaction hears it at once.
 
 The faults, all while the clients run: pg_terminate_backend() of a random server
 connection of the ledger database (directly on PostgreSQL, as the superuser); a client
-killed in the middle of a transaction, in turn by an abrupt close (a TCP RST, or a
-shutdown that sends FIN with no Terminate message) or by cancelling its task while a query
-runs; and PostgreSQL restarted (`pg_ctl -m immediate`, a crash, by default).
+killed in the middle of a transaction, in turn by an abrupt close (asyncpg: a TCP RST;
+psycopg: a shutdown that sends FIN with no Terminate message), by cancelling its task
+while a query runs (the driver sends a CancelRequest, then closes), or abruptly right
+after sending COMMIT; and PostgreSQL restarted (`pg_ctl -m immediate`, a crash, by
+default).
 
 After the run, `check` reads PostgreSQL directly: the sum of the balances is unchanged;
 the balances equal the initial state plus the journal, account by account; no backend is
-left idle in transaction; and the outcomes above hold row by row.
+left idle in transaction; no client that nobody cancelled saw a query cancelled; and the
+outcomes above hold row by row.
 
 The ledger database runs with synchronous_commit = on (the embedded cluster has it off
 for speed): otherwise an immediate restart could drop a commit PostgreSQL itself had
@@ -73,6 +77,7 @@ REPO = Path(__file__).resolve().parent.parent
 RestartMode = Literal["fast", "immediate"]  # pg_ctl stop modes; immediate is a crash
 
 ACTIVE_SQL_TRANSACTION = "25001"  # the WARNING a BEGIN inside a transaction gets
+QUERY_CANCELED_MESSAGE = "canceling statement due to user request"  # 57014, both drivers
 CONNECT_TIMEOUT = 5.0
 CLOSE_TIMEOUT = 2.0
 
@@ -140,7 +145,7 @@ class PsycopgClient:
     others as Parse/Bind/Execute (named and reused once psycopg decides to prepare)."""
 
     driver = "psycopg"
-    kills = ("eof", "cancel")
+    kills = ("eof", "cancel", "commit-eof")  # see `kill`; abort() closes with EOF
 
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.conn = conn
@@ -174,16 +179,13 @@ class PsycopgClient:
     async def backend_pid(self) -> int:
         return int(await self.fetchval("SELECT pg_backend_pid()"))
 
-    async def kill(self, how: str) -> None:
-        if how == "eof":
-            # shutdown() on a duplicate of libpq's descriptor: the pooler reads EOF with no
-            # Terminate before it; libpq's own Terminate then fails to go out.
-            sock = socket.socket(fileno=os.dup(self.conn.fileno()))
-            _linger_zero(sock)
-            sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-        else:
-            await _cancel_mid_query(self)
+    async def abort(self) -> None:
+        """Die abruptly: shutdown() on a duplicate of libpq's descriptor, so the pooler
+        reads EOF with no Terminate before it (libpq's own Terminate then fails to go)."""
+        sock = socket.socket(fileno=os.dup(self.conn.fileno()))
+        _linger_zero(sock)
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
         await self.close()
 
     async def close(self) -> None:
@@ -198,7 +200,7 @@ class AsyncpgClient:
     cannot keep them (`statement_cache_size=0`)."""
 
     driver = "asyncpg"
-    kills = ("reset", "cancel")
+    kills = ("reset", "cancel", "commit-reset")  # see `kill`; abort() closes with RST
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self.conn = conn
@@ -225,15 +227,11 @@ class AsyncpgClient:
     async def backend_pid(self) -> int:
         return int(await self.fetchval("SELECT pg_backend_pid()"))
 
-    async def kill(self, how: str) -> None:
-        if how == "reset":
-            # asyncpg keeps its transport private; SO_LINGER 0 turns its abort into an RST.
-            sock = self.conn._transport.get_extra_info("socket")
-            _linger_zero(sock)
-            self.conn.terminate()
-            return
-        await _cancel_mid_query(self)
-        await self.close()
+    async def abort(self) -> None:
+        """Die abruptly: SO_LINGER 0 turns asyncpg's transport abort into an RST (asyncpg
+        keeps its transport private)."""
+        _linger_zero(self.conn._transport.get_extra_info("socket"))
+        self.conn.terminate()
 
     async def close(self) -> None:
         try:
@@ -249,34 +247,62 @@ DRIVERS: dict[str, type[PsycopgClient] | type[AsyncpgClient]] = {
 }
 
 
-async def _cancel_mid_query(client: Client) -> None:
-    """Cancel the task while a query of the open transaction runs, as an application
-    timeout would; the driver then sends its CancelRequest (both do) and gives up."""
+async def kill(client: Client, how: str) -> None:
+    """Kill a client inside its open transaction. "cancel": cancel the task while a query
+    runs, as an application timeout would; the driver sends its CancelRequest (both do),
+    then closes politely. Otherwise the abrupt close of `abort` (EOF or RST)."""
+    if how != "cancel":
+        await client.abort()
+        return
     try:
         await asyncio.wait_for(client.execute("SELECT pg_sleep(30)"), 0.1)
     except Exception:  # noqa: BLE001 - TimeoutError, or the cancel's own error
         pass
+    await client.close()
 
 
 # -- one transfer ---------------------------------------------------------------------------
 
 
-async def transfer(client: Client, attempt: Attempt) -> None:
-    """BEGIN, debit and credit in account order, journal, COMMIT; `attempt` records how
-    far it got. Raises whatever the driver raised."""
+async def _until_commit(client: Client, attempt: Attempt) -> None:
+    """BEGIN, debit and credit in account order, the journal row."""
     t = attempt.transfer
     await client.execute("BEGIN")
     for account in sorted((t.from_id, t.to_id)):
         delta = -t.amount if account == t.from_id else t.amount
         await client.execute(UPDATE_BALANCE, delta, account)
     attempt.xid = await client.fetchval(INSERT_JOURNAL, t.id, t.from_id, t.to_id, t.amount)
-    attempt.commit_sent = True
-    status = await client.execute("COMMIT")
+
+
+def _answered(attempt: Attempt, status: str) -> None:
     if status == "COMMIT":
         attempt.acknowledged = True
     else:
         attempt.refused = True
         attempt.error = f"COMMIT answered {status!r}"
+
+
+async def transfer(client: Client, attempt: Attempt) -> None:
+    """One whole transfer; `attempt` records how far it got. Raises whatever the driver
+    raised."""
+    await _until_commit(client, attempt)
+    attempt.commit_sent = True
+    _answered(attempt, await client.execute("COMMIT"))
+
+
+async def commit_and_die(client: Client, attempt: Attempt) -> None:
+    """A whole transfer whose client dies abruptly as soon as its COMMIT has left:
+    ambiguous by design. The pooler must still take the COMMIT's answer off the server
+    instead of handing it to the next client."""
+    await _until_commit(client, attempt)
+    attempt.commit_sent = True
+    commit = asyncio.ensure_future(client.execute("COMMIT"))
+    await asyncio.sleep(0)  # the commit task's first step writes the Query
+    await client.abort()
+    try:  # done already if the answer beat the abort; no answer can come after it
+        _answered(attempt, await asyncio.wait_for(commit, 0.2))
+    except Exception:  # noqa: BLE001 - the usual case
+        pass
 
 
 async def doomed_transfer(client: Client, attempt: Attempt, how: str) -> None:
@@ -289,7 +315,7 @@ async def doomed_transfer(client: Client, attempt: Attempt, how: str) -> None:
     await client.execute(UPDATE_BALANCE, -t.amount, t.from_id)
     attempt.xid = await client.fetchval(INSERT_JOURNAL, t.id, t.from_id, t.to_id, t.amount)
     attempt.killed = how
-    await client.kill(how)
+    await kill(client, how)
 
 
 # -- a run ----------------------------------------------------------------------------------
@@ -344,7 +370,7 @@ class Run:
         self.tally = Tally()
         self.deadline = time.monotonic() + cfg.duration
         self.kills_due = 0
-        self.kill_turn = 0
+        self.kill_turns: Counter[tuple[str, ...]] = Counter()
         self.restarting = False
 
     def over(self) -> bool:
@@ -359,8 +385,8 @@ class Run:
         if self.kills_due <= 0:
             return ""
         self.kills_due -= 1
-        self.kill_turn += 1
-        return kills[self.kill_turn % len(kills)]
+        self.kill_turns[kills] += 1
+        return kills[self.kill_turns[kills] % len(kills)]
 
     async def sleep_until_over(self, seconds: float) -> bool:
         """Sleep up to `seconds`; False once the run is over."""
@@ -390,9 +416,12 @@ async def _client_loop(run: Run, n: int, dsn: str) -> None:
             how = run.take_kill(kind.kills)
             try:
                 if how:
-                    await asyncio.wait_for(
-                        doomed_transfer(client, attempt, how), cfg.transfer_timeout
+                    dying = (
+                        commit_and_die(client, attempt)
+                        if how.startswith("commit-")
+                        else doomed_transfer(client, attempt, how)
                     )
+                    await asyncio.wait_for(dying, cfg.transfer_timeout)
                     run.tally.faults.killed[f"{kind.driver} {how}"] += 1
                     run.tally.inherited_transactions += client.inherited
                     client = None
@@ -551,6 +580,7 @@ class Verdict:
     ambiguous_rolled_back: int
     inherited_transactions: int
     idle_in_transaction: int
+    cancelled_innocents: list[str]  # a query cancelled that nobody meant to cancel
 
     def broken(self) -> list[str]:
         """One line per invariant that does not hold; empty when all do."""
@@ -596,6 +626,11 @@ class Verdict:
             (
                 self.idle_in_transaction > 0,
                 f"{self.idle_in_transaction} backends left idle in transaction",
+            ),
+            (
+                bool(self.cancelled_innocents),
+                f"{len(self.cancelled_innocents)} queries cancelled in clients nobody"
+                f" cancelled: {self.cancelled_innocents[:5]}",
             ),
         ]
         return [message for failed, message in checks if failed]
@@ -662,6 +697,13 @@ def check(cfg: Config, tally: Tally, admin_dsn: str, dbname: str) -> Verdict:
         ambiguous_rolled_back=sum(1 for a in ambiguous if a.transfer.id not in journal),
         inherited_transactions=tally.inherited_transactions,
         idle_in_transaction=in_transaction_backends(admin_dsn, dbname),
+        # Only the "cancel" kills send a CancelRequest, and always while their own
+        # transaction holds its server: it can reach nobody else's query.
+        cancelled_innocents=[
+            a.transfer.id
+            for a in tally.attempts
+            if not a.killed and QUERY_CANCELED_MESSAGE in a.error
+        ],
     )
 
 

@@ -85,7 +85,8 @@ async def test_no_transfer_lost_or_leaked_under_faults(postgres, pooler, ledger_
     assert tally.count(Outcome.ACKNOWLEDGED) >= 200
     assert tally.faults.terminated >= 5
     assert tally.faults.restarts == 1
-    assert {how.split()[1] for how in tally.faults.killed} == {"eof", "reset", "cancel"}
+    kills = {how.split()[1] for how in tally.faults.killed}
+    assert kills == {"eof", "reset", "cancel", "commit-eof", "commit-reset"}
     assert tally.count(Outcome.KILLED) >= 5
     assert tally.count(Outcome.FAILED) >= 1  # the faults hurt somebody
     assert tally.stalled == 0
@@ -101,6 +102,7 @@ async def test_no_transfer_lost_or_leaked_under_faults(postgres, pooler, ledger_
     assert verdict.xid_disagreements == []
     assert verdict.inherited_transactions == 0
     assert verdict.idle_in_transaction == 0
+    assert verdict.cancelled_innocents == []
     assert verdict.journal_rows == tally.count(Outcome.ACKNOWLEDGED) + verdict.ambiguous_committed
     assert verdict.broken() == []
 
@@ -129,7 +131,7 @@ async def test_dead_clients_transaction_is_not_passed_on(
     assert postgres.execute(
         "SELECT state FROM pg_stat_activity WHERE pid = %s", params=(victim_pid,)
     ) == [("idle in transaction",)]
-    await victim.kill(how)
+    await ledger.kill(victim, how)
 
     nxt = await kind.connect(p.dsn(ledger_db), True)
     try:
@@ -157,6 +159,49 @@ async def test_dead_clients_transaction_is_not_passed_on(
         dbname=ledger_db,
     ) == [([BALANCE, BALANCE + 5],)]
     assert await asyncio.to_thread(settled, postgres, ledger_db)
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_dead_clients_commit_answer_is_not_passed_on(
+    postgres, pooler, ledger_db, pg_activity, driver
+) -> None:
+    """A client sends COMMIT and dies at once. Whichever way its transaction went, the
+    next client on the only server gets answers to its own queries, not that COMMIT's,
+    and the ledger shows the transfer whole or not at all."""
+    p = ledger_pooler(pooler, postgres, ledger_db, pool_size=1)
+    kind = ledger.DRIVERS[driver]
+    victim = await kind.connect(p.dsn(ledger_db), True)
+    dying = Attempt(Transfer("dying", 0, 1, 1000), driver)
+    await ledger.commit_and_die(victim, dying)
+
+    nxt = await kind.connect(p.dsn(ledger_db), True)
+    try:
+        async with asyncio.timeout(5):
+            assert await nxt.fetchval("SELECT 'mine'") == "mine"
+            assert await nxt.execute("BEGIN") == "BEGIN"
+            assert await nxt.fetchval("SELECT pg_current_xact_id_if_assigned()") is None
+            await nxt.execute(ledger.UPDATE_BALANCE, 5, 2)
+            assert await nxt.execute("COMMIT") == "COMMIT"
+        assert nxt.inherited == 0
+    finally:
+        await nxt.close()
+
+    assert pg_activity(postgres, ledger_db, "app") <= 1
+    assert await asyncio.to_thread(settled, postgres, ledger_db)
+    [(status,)] = postgres.execute(
+        "SELECT pg_xact_status(%s::xid8)", params=(dying.xid,), dbname=ledger_db
+    )
+    [(balances, rows)] = postgres.execute(
+        "SELECT array_agg(balance ORDER BY id), (SELECT count(*) FROM journal)"
+        " FROM accounts WHERE id IN (0, 1, 2)",
+        dbname=ledger_db,
+    )
+    if status == "committed":
+        assert (balances, rows) == ([BALANCE - 1000, BALANCE + 1000, BALANCE + 5], 1)
+    else:
+        assert status == "aborted"
+        assert not dying.acknowledged
+        assert (balances, rows) == ([BALANCE, BALANCE, BALANCE + 5], 0)
 
 
 # -- the check itself can fail ------------------------------------------------------------------
