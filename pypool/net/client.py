@@ -44,8 +44,9 @@ from ..pooling.params import canonical_name, same_encoding
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
-from ..protocol.framing import FramingError, MessageBuffer
+from ..protocol.framing import HEADER_SIZE, FramingError, MessageBuffer, MessageTooLarge
 from ..protocol.startup import (
+    MAX_AUTH_MESSAGE,
     CancelRequest,
     GSSENCRequest,
     SSLRequest,
@@ -289,6 +290,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self.authenticated(None)
             return
         self.set_state(ClientState.AUTH)
+        # A password or SASL step is small: refuse a bigger header before buffering its body.
+        self._messages.max_size = min(self._max_packet, MAX_AUTH_MESSAGE + HEADER_SIZE)
         use_md5 = auth_type == "md5" and not (secret and secret.startswith(MECHANISM))
         if auth_type == "scram-sha-256" and secret is not None and is_md5_hash(secret):
             use_md5 = True  # a stored md5 hash cannot verify a SCRAM proof
@@ -309,14 +312,20 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
 
     def _auth_data(self, data: bytes) -> None:
         self._messages.feed(data)
-        for kind, body in self._messages.messages():
-            if self.state is not ClientState.AUTH:
-                break
-            if kind != m.PASSWORD_MESSAGE:
-                raise errors.ClientProtocolError(
-                    f"expected a password message, got {chr(kind)!r}", "28000"
-                )
-            self._auth_message(body)
+        try:
+            for kind, body in self._messages.messages():
+                if self.state is not ClientState.AUTH:
+                    break
+                if kind != m.PASSWORD_MESSAGE:
+                    raise errors.ClientProtocolError(
+                        f"expected a password message, got {chr(kind)!r}", "28000"
+                    )
+                self._auth_message(body)
+        except MessageTooLarge as too_large:
+            raise errors.ClientProtocolError(
+                f"password packet too long ({too_large.size} bytes, at most "
+                f"{too_large.limit} before login)"
+            ) from None
         if self.state is not ClientState.AUTH and len(self._messages):
             self._partial += self._messages.take_rest()
 

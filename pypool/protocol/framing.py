@@ -20,6 +20,15 @@ class FramingError(Exception):
     """The peer sent a length that cannot be a message."""
 
 
+class MessageTooLarge(FramingError):
+    """A message longer than the buffer's `max_size`, found from its header alone."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"message of {size} bytes exceeds max_packet_size")
+        self.size = size
+        self.limit = limit
+
+
 def header_at(data: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
     """Type byte and total size (header included) of the message starting at `pos`."""
     length = int.from_bytes(data[pos + 1 : pos + 5], "big")
@@ -61,7 +70,7 @@ class MessageBuffer:
         while len(buf) >= HEADER_SIZE:
             kind, size = header_at(buf, 0)
             if size > self.max_size:
-                raise FramingError(f"message of {size} bytes exceeds max_packet_size")
+                raise MessageTooLarge(size, self.max_size)
             if len(buf) < size:
                 break
             body = bytes(buf[HEADER_SIZE:size])

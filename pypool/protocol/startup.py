@@ -2,6 +2,7 @@
 
 A connection opens with an Int32 length and an Int32 code; the code says which packet it
 is. `parse_startup_packet` turns one whole packet into a value and rejects what is not one.
+Also here: how much a client that has not authenticated yet may send in one message.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ CANCEL_REQUEST_CODE = 80877102
 
 # Anything longer is not a startup packet (PostgreSQL's own bound is 10000).
 MAX_STARTUP_PACKET = 10000
+# Until it has authenticated, a client sends passwords and SASL steps only; PostgreSQL reads
+# those with a limit of PG_MAX_AUTH_TOKEN_LENGTH, 65535 bytes of body, and so does the
+# pooler, so that an unauthenticated peer cannot make it buffer a 2 GiB "password".
+MAX_AUTH_MESSAGE = 65535
 
 
 class StartupError(Exception):

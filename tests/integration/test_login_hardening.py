@@ -163,3 +163,33 @@ def test_message_before_startup_gets_fatal(pooler: Callable, data: bytes, text: 
         error = raw.read_error_and_close()
     assert (error["S"], error["C"], error["M"]) == ("FATAL", "08P01", text)
     still_serves(p)
+
+
+# --- what an unauthenticated client may make the pooler buffer ------------------------------
+
+
+@pytest.mark.parametrize("auth_type", ["scram-sha-256", "md5", "plain"])
+def test_huge_password_header_is_refused_before_its_body(pooler: Callable, auth_type: str) -> None:
+    # Announcing a 1 GiB password used to make the pooler buffer all of it (four 2 GiB ones
+    # took it to 1.5 GiB); PostgreSQL caps auth packets at 65535 bytes.
+    p = pooler({"auth_type": auth_type})
+    with RawClient(p.host, p.port, timeout=5) as raw:
+        raw.send_startup({"user": APP, "database": "app"})
+        raw.read_until(m.AUTHENTICATION)
+        raw.send(b"p" + struct.pack("!I", 1 << 30) + b"x" * 60000)
+        error = raw.read_error_and_close()
+    assert (error["S"], error["C"]) == ("FATAL", "08P01")
+    assert error["M"].startswith("password packet too long")
+    assert warned(p, "password packet too long")
+    still_serves(p)
+
+
+def test_password_at_the_limit_is_still_read(pooler: Callable) -> None:
+    # 65535 bytes of body is allowed; it is just a wrong password.
+    p = pooler({"auth_type": "plain"})
+    with RawClient(p.host, p.port, timeout=5) as raw:
+        raw.send_startup({"user": APP, "database": "app"})
+        raw.read_until(m.AUTHENTICATION)
+        raw.send(m.password_message(b"x" * 65534 + b"\x00"))
+        error = raw.read_error_and_close()
+    assert (error["C"], error["M"]) == ("28P01", "password authentication failed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pypool.protocol import messages as m
-from pypool.protocol.framing import FramingError, MessageBuffer, header_at
+from pypool.protocol.framing import FramingError, MessageBuffer, MessageTooLarge, header_at
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -148,3 +148,12 @@ def test_header_at() -> None:
     assert header_at(memoryview(data), 4) == (kind, size)
     with pytest.raises(FramingError):
         header_at(b"Q\x00\x00\x00\x03", 0)
+
+
+def test_too_large_says_how_large_and_the_limit() -> None:
+    buf = MessageBuffer(max_size=100)
+    buf.feed(b"p" + (1 << 30).to_bytes(4, "big"))
+    with pytest.raises(MessageTooLarge) as info:
+        list(buf.messages())
+    assert (info.value.size, info.value.limit) == ((1 << 30) + 1, 100)
+    assert isinstance(info.value, FramingError)
