@@ -84,7 +84,7 @@ class AdminSession:
     def _answer_queued(self) -> None:
         while self._queries and self._waiting is None and self._open:
             sql = self._queries.popleft()
-            self.client.pending = max(0, self.client.pending - 1)
+            self.client.ledger.ready()  # answered here, not by a server
             self._answer(sql)
 
     @property

@@ -9,10 +9,10 @@ States (one line each):
   ACTIVE    linked to a server; its bytes go straight to that server
   CLOSED    gone
 
-Reply bookkeeping, which decides when a server can be handed on: `pending` counts the
-ReadyForQuery messages the client is owed (one per Query, FunctionCall and Sync it sent);
-`unsynced` is true while extended-protocol messages were sent after the last Sync. A server
-goes back to the pool only on ReadyForQuery 'I' with pending 0 and nothing unsynced.
+Reply bookkeeping, which decides when a server can be handed on, is the sans-IO
+`FrontendLedger` (core/ledger.py): this Protocol tells it each message type the client sends
+and each ReadyForQuery and COPY reply the server forwards. A server goes back to the pool
+only on ReadyForQuery 'I' with the ledger owed nothing.
 
 Prepared statements (pooling/prepared/): when they are rewritten (`statements`), Parse,
 Bind, Describe, Close and Query messages are read whole and handed, with every other request,
@@ -39,6 +39,8 @@ from ..auth.scram import (
     ScramVerifier,
     verifier_for_password,
 )
+from ..core import ledger as lg
+from ..core.ledger import FrontendLedger
 from ..pooling import prepared
 from ..pooling.params import canonical_name, same_encoding
 from ..protocol import errors
@@ -123,8 +125,11 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self.xact_start = 0.0  # when its current transaction began (transaction_timeout)
         self.wait_notified = False  # query_wait_notify's NOTICE sent for this wait
         self.tx_status = m.TX_IDLE
-        self.pending = 0
-        self.unsynced = False
+        self.ledger = FrontendLedger()
+        self._drop = 0  # bytes still to drop of a message the ledger said to drop
+        self._need = 0  # size `_partial` must reach before it holds a whole message
+        self.writing_paused = False  # our socket is above its high-water mark
+        self._outbox_size = 0
         self.close_after_release = False
         self._outbox: list[bytes] = []
         # A driver segment in the outbox, and the end of its Bind (see _relay's fast path).
@@ -143,7 +148,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self._md5_salt = b""
         self._secret: str | None = None
         self._skip = 0
-        self._partial = b""
+        self._partial = bytearray()
         self._reading_paused = False
         self._max_packet = pooler.settings.pooler.max_packet_size
 
@@ -176,10 +181,12 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self.pooler.client_closed(self, "client closed the connection")
 
     def pause_writing(self) -> None:
+        self.writing_paused = True
         if self.server is not None:
             self.server.pause_reading()
 
     def resume_writing(self) -> None:
+        self.writing_paused = False
         if self.server is not None:
             self.server.resume_reading()
 
@@ -422,7 +429,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                 self.pooler.statement_registry, cfg.max_client_prepared_statements
             )
         if self._partial:
-            rest, self._partial = self._partial, b""
+            rest = bytes(self._partial)
+            self._partial.clear()
             self._relay(rest)
 
     # --- the hot path: client to server ---------------------------------------------------
@@ -434,8 +442,21 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self._partial += data
             return
         if self._partial:
-            data = self._partial + data
-            self._partial = b""
+            # An incomplete message waits for its end: gather the pieces, and walk them
+            # only once it is whole (a 64 MiB Bind arrives in thousands of reads).
+            partial = self._partial
+            partial += data
+            if len(partial) < self._need:
+                return
+            data = bytes(partial)
+            partial.clear()
+            self._need = 0
+        if self._drop:
+            if len(data) <= self._drop:
+                self._drop -= len(data)
+                return
+            data = data[self._drop :]
+            self._drop = 0
         n = len(data)
         pos = self._skip
         if pos >= n:
@@ -444,7 +465,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             return
         self._skip = 0
         server = self.server
-        if pos == 0 and self.statements is not None and not self.unsynced:
+        ledger = self.ledger
+        if pos == 0 and self.statements is not None and not ledger.unsynced:
             # The steady state of libpq-style drivers: one whole Bind, Describe, Execute,
             # Sync of a prepared statement, done in one step (ServerStatements.bind_segment).
             bind_end = prepared.driver_segment(data)
@@ -452,11 +474,11 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                 st = server.statements if server is not None else None
                 fast = data if st is None else st.bind_segment(data, bind_end)
                 if fast is not None:
-                    if not self.pending:
+                    if not ledger.pending:
                         self.query_start = self.pooler.now()
                         if self.tx_status == m.TX_IDLE:
                             self.xact_start = self.query_start
-                    self.pending += 1
+                    ledger.request(_SYNC)
                     if st is None and not self._outbox:
                         # take_outbox need not look again at these very bytes
                         self._outbox_segment = (fast, bind_end)
@@ -464,9 +486,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                     if st is not None and server is not None:
                         self._sent(server, st)
                     return
-        pending = self.pending
-        unsynced = self.unsynced
-        was_pending = pending or unsynced
+        was_idle = ledger.idle()
         admin = self.admin is not None
         max_packet = self._max_packet
         # Prepared statements: messages to rewrite are read whole (so are all messages while
@@ -479,7 +499,6 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             kind = data[pos]
             size = int.from_bytes(data[pos + 1 : pos + 5], "big") + 1
             if size < 5 or size > max_packet:
-                self.pending, self.unsynced = pending, unsynced
                 self._forward(self._rewritten(data, pos, parts, start))
                 raise errors.ClientProtocolError(f"invalid packet length {size - 1}")
             if rewriting:
@@ -490,7 +509,6 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                     try:
                         out = st.from_client(kind, data, pos, end)
                     except (ValueError, IndexError):
-                        self.pending, self.unsynced = pending, unsynced
                         self._forward(self._rewritten(data, pos, parts, start))
                         raise errors.ClientProtocolError(
                             f"malformed message of type {chr(kind)!r}") from None
@@ -503,45 +521,51 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                         parts.append(out)  # type: ignore[arg-type]
                         start = end
             action = _ACTION[kind]
-            if action == _OWES_NOTHING_YET:
-                unsynced = True
+            if action == _OPENS_SEGMENT:
+                ledger.unsynced = True
             elif action == _OWES_READY:
-                pending += 1
-                if kind == _SYNC:
-                    unsynced = False
-            elif action == _IS_FLUSH:
+                ledger.request(kind)
+            elif action == _FLUSH or action == _COPY_MESSAGE:
                 # Flush asks for pending output and owes no reply of its own: it must not
                 # pin a server (psycopg's pipeline sends one after its Sync). With nothing
                 # owed and no server, it is dropped rather than take a server for nothing.
-                if self.server is None and not pending and not unsynced and size == 5:
+                # CopyData/CopyDone/CopyFail when nothing is owed belong to a COPY that
+                # already failed: PostgreSQL would ignore them, and no reply will come.
+                if action == _FLUSH:
+                    drop = self.server is None and ledger.idle() and size == 5
+                else:
+                    drop = not ledger.copy_message(kind)
+                if drop:
                     if pos:
                         self._forward(self._rewritten(data, pos, parts, start))
-                    data = data[pos + size :]
+                    end = pos + size
+                    if end > n:
+                        self._drop = end - n
+                        return
+                    data = data[end:]
                     n, pos, parts, start = len(data), 0, [], 0
                     continue
-            elif action == _IS_TERMINATE:
-                self.pending, self.unsynced = pending, unsynced
+            elif action == _TERMINATE:
                 if pos:
                     self._forward(self._rewritten(data, pos, parts, start))
                 self.close("client sent Terminate")
                 return
-            elif action != _IS_COPY:
-                self.pending, self.unsynced = pending, unsynced
+            else:
                 if pos:
                     self._forward(self._rewritten(data, pos, parts, start))
                 raise errors.ClientProtocolError(f"unsupported pkt type: {kind}")
             if admin and kind != _QUERY:
-                self.pending, self.unsynced = pending, unsynced
                 raise PoolerError("extended query protocol not supported by admin console")
             pos += size
-        self.pending = pending
-        self.unsynced = unsynced
         if pos > n:
             self._skip = pos - n
         elif pos < n:
-            self._partial = data[pos:]
+            self._partial[:] = memoryview(data)[pos:]
+            # The whole message's size once its header is here (else its header's).
+            self._need = (int.from_bytes(data[pos + 1 : pos + 5], "big") + 1
+                          if n - pos >= 5 else 5)
             data = data[:pos]
-        if not was_pending and (pending or unsynced):
+        if was_idle and not ledger.idle():
             self.query_start = self.pooler.now()
             if self.tx_status == m.TX_IDLE:
                 self.xact_start = self.query_start
@@ -561,7 +585,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         """After the client's messages went to its server: let waiting clients queue behind
         a whole transaction that ends at its Sync (net/pipeline.py); send what the pooler
         answers itself when it is the client's turn."""
-        if self.pending == 1 and not self.unsynced and st.last_neutral is not False:
+        ledger = self.ledger
+        if ledger.pending == 1 and not ledger.unsynced and st.last_neutral is not False:
             self.pooler.pipeline(server)
         if st.tracking == 2 and server.client is self and server.at_message_boundary():
             self.write(st.emit_synthetic())
@@ -663,8 +688,10 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                     return
             else:
                 self._forward(held)
-        rest, self._partial = self._partial, b""
-        if rest:
+        if self._partial:
+            rest = bytes(self._partial)
+            self._partial.clear()
+            self._need = 0
             self._relay(rest)
 
     def params_seen(self, name: str, value: str) -> None:
@@ -673,15 +700,18 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
 
     def ready_for_query(self, status: int) -> None:
         """Called by the linked server for each ReadyForQuery it forwards to this client."""
-        self.pending -= 1
         self.tx_status = status
         pool = self.pool
         assert pool is not None
         stats = pool.stats
         stats.query_count += 1
-        if self.pending > 0 or self.unsynced:
+        ledger = self.ledger
+        if not ledger.ready():
             return
-        self.pending = 0
+        if ledger.doubtful and self.server is not None:
+            # The count of replies owed may be wrong (core/ledger.py): never hand it on.
+            self.server.close("reply bookkeeping in doubt after a failed COPY")
+            return
         now = self.pooler.now()
         stats.query_time_us += int((now - self.query_start) * 1e6)
         self.state_since = now
@@ -709,23 +739,13 @@ def _table(*kinds: int, value: int = 1) -> tuple[int, ...]:
     return tuple(value if kind in kinds else 0 for kind in range(256))
 
 
-# What each frontend message type means for the reply bookkeeping (0: not allowed here).
-_OWES_READY: Final = 1
-_OWES_NOTHING_YET: Final = 2
-_IS_FLUSH: Final = 3
-_IS_TERMINATE: Final = 4
-_IS_COPY: Final = 5
-_ACTIONS: Final = {
-    _OWES_READY: (m.QUERY, m.FUNCTION_CALL, m.SYNC),
-    _OWES_NOTHING_YET: (m.PARSE, m.BIND, m.DESCRIBE, m.EXECUTE, m.CLOSE),
-    _IS_FLUSH: (m.FLUSH,),
-    _IS_TERMINATE: (m.TERMINATE,),
-    _IS_COPY: (m.COPY_DATA, m.COPY_DONE, m.COPY_FAIL),
-}
-_ACTION: Final = tuple(
-    next((action for action, kinds in _ACTIONS.items() if kind in kinds), 0)
-    for kind in range(256)
-)
+# What each frontend message type means for the reply bookkeeping (core/ledger.py).
+_ACTION: Final = lg.ACTION
+_OWES_READY: Final = lg.OWES_READY
+_OPENS_SEGMENT: Final = lg.OPENS_SEGMENT
+_FLUSH: Final = lg.FLUSH
+_TERMINATE: Final = lg.TERMINATE
+_COPY_MESSAGE: Final = lg.COPY_MESSAGE
 _QUERY: Final = m.QUERY
 _SYNC: Final = m.SYNC
 # Prepared statements: what the rewriting reads whole, and the requests it queues.

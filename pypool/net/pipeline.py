@@ -127,7 +127,8 @@ def can_follow_any(server: ServerConnection) -> bool:
     """Whether the last client on `server` leaves room for another behind it."""
     last = server.chain[-1] if server.chain else server.client
     st = server.statements
-    return not (last is None or last.pending != 1 or last.unsynced
+    return not (last is None or last.ledger.pending != 1 or last.ledger.unsynced
+                or last.ledger.copy
                 or last.tx_status != m.TX_IDLE or last._blocked or last._partial or last._skip
                 or server.hidden_syncs or server.close_reason or not st.neutral_tail()
                 or st.undoable or st.blocked or st.discarding)

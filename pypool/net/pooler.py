@@ -602,13 +602,13 @@ class Pooler:
             # In a pipeline: its requests are on the server, between others'. It keeps its
             # place until its replies have gone by (net/pipeline.py), unless a segment of it
             # will never end.
-            if client.unsynced:
+            if client.ledger.unsynced:
                 server.close("client disconnected with a query in progress")
         elif server is not None:
             client.server = None
             server.client = None
             server.resume_reading()
-            clean = client.pending == 0 and not client.unsynced and client.tx_status == m.TX_IDLE
+            clean = client.ledger.idle() and client.tx_status == m.TX_IDLE
             if clean and not server.statements.detach():
                 clean = False  # prepared-statement replies still owed: see release()
             if clean:
@@ -882,7 +882,7 @@ class Pooler:
                 client = server.client
                 if client is None:
                     continue
-                if client.pending or client.unsynced:
+                if not client.ledger.idle():
                     if cfg.query_timeout and now - client.query_start > cfg.query_timeout:
                         server.close("query timeout")
                         pool.stats.count_error("query_timeout")
@@ -898,7 +898,7 @@ class Pooler:
                 if client.state is ClientState.CLOSED:
                     continue
                 if xact_timeout and now - client.xact_start > xact_timeout and (
-                    client.pending or client.unsynced or client.tx_status != m.TX_IDLE
+                    not client.ledger.idle() or client.tx_status != m.TX_IDLE
                 ):
                     server.close("transaction timeout")
                     pool.stats.count_error("transaction_timeout")

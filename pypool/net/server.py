@@ -63,9 +63,12 @@ for _state, _targets in _ALLOWED.items():
 
 _ids = iter(range(1, 1 << 62))
 # Replies the hot path passes through without a look, indexed by type byte (every type but
-# ReadyForQuery, ParameterStatus, ErrorResponse and CommandComplete).
+# ReadyForQuery, ParameterStatus, ErrorResponse, CommandComplete and the three that start a
+# COPY, which the client's ledger must see: core/ledger.py).
+_COPY_RESPONSES: Final = (m.COPY_IN_RESPONSE, m.COPY_OUT_RESPONSE, m.COPY_BOTH_RESPONSE)
 _STREAMED: Final = tuple(
-    kind not in (m.READY_FOR_QUERY, m.PARAMETER_STATUS, m.ERROR_RESPONSE, m.COMMAND_COMPLETE)
+    kind not in (m.READY_FOR_QUERY, m.PARAMETER_STATUS, m.ERROR_RESPONSE, m.COMMAND_COMPLETE,
+                 *_COPY_RESPONSES)
     for kind in range(256)
 )
 
@@ -386,10 +389,14 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
                     if kind == m.ERROR_RESPONSE:
                         errs = self.pool.stats.errors
                         errs["server"] = errs.get("server", 0) + 1
+                        if client is not None:
+                            client.ledger.copy_failed()
                 elif kind == m.PARAMETER_STATUS:
                     body = data[pos + 5 : end]
                     self._parameter_status(body)
                 else:
+                    if kind in _COPY_RESPONSES and client is not None:
+                        client.ledger.copy_started(kind)
                     body = b""
                 verdict = st.reply(kind, body)
                 if verdict or st.to_client:
@@ -466,6 +473,8 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
                             client.write(renamed)
                         out = end
                 self.pool.stats.errors["server"] = self.pool.stats.errors.get("server", 0) + 1
+                if self.client is not None:
+                    self.client.ledger.copy_failed()
                 if end > n:
                     self._skip = end - n
                     pos = n
@@ -475,6 +484,13 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
                     break  # small: wait for all of it
                 if data[pos + 5] == 68:  # "D": DISCARD ALL, DEALLOCATE ALL drop statements
                     st.command_tag(data[pos + 5 : end])
+            elif kind in _COPY_RESPONSES:
+                if self.client is not None:
+                    self.client.ledger.copy_started(kind)
+                if end > n:
+                    self._skip = end - n
+                    pos = n
+                    break
             elif end > n:
                 self._skip = end - n
                 pos = n

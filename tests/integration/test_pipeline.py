@@ -76,8 +76,10 @@ class Started:
         )
 
 
-def start(pooler, pool_size: int = 1, depth: int | None = None, trust: bool = True,
+def start(pooler, pool_size: int = 1, depth: int | None = 4, trust: bool = True,
           **settings: str) -> Started:
+    """A pooler with pipelining on (it is opt-in), unless `depth` says otherwise (None: the
+    default, off)."""
     metrics_port = free_port()
     overrides = {"default_pool_size": str(pool_size), "metrics_port": str(metrics_port),
                  **settings}
@@ -294,11 +296,11 @@ async def psycopg_client(dsn: str, i: int) -> int:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("depth", [None, 0], ids=["default-depth", "pipeline_depth=0"])
+@pytest.mark.parametrize("depth", [4, None], ids=["pipeline_depth=4", "default-off"])
 @pytest.mark.parametrize("driver", [psycopg_client, asyncpg_client], ids=["psycopg", "asyncpg"])
 async def test_many_prepared_clients_each_get_their_own_results(pooler, driver, depth) -> None:
     """30 connections running prepared statements over 2 servers: every reply is the client's
-    own; with the default depth transactions were pipelined, with pipeline_depth = 0 none
+    own; with pipeline_depth = 4 transactions were pipelined, with the default (off) none
     was."""
     s = start(pooler, pool_size=2, depth=depth, trust=False)
     dsn = f"postgresql://app:app-secret@{s.host}:{s.port}/app"
@@ -306,7 +308,7 @@ async def test_many_prepared_clients_each_get_their_own_results(pooler, driver, 
     done = await asyncio.wait_for(asyncio.gather(*runs), 45)
     assert sum(done) == CLIENTS * ROUNDS
     pipelined = await asyncio.to_thread(s.metric, PIPELINED)
-    if depth == 0:
+    if not depth:
         assert pipelined == 0
     else:
         assert pipelined > 0, "no transaction was pipelined"
@@ -501,6 +503,7 @@ def test_a_follower_whose_statement_the_server_lacks(pooler) -> None:
     ParseComplete or CloseComplete of the pooler's), A and C theirs."""
     metrics_port = free_port()
     p = pooler(ini_overrides={"auth_type": "trust", "default_pool_size": "1",
+                              "pipeline_depth": "4",
                               "max_prepared_statements": "2",
                               "metrics_port": str(metrics_port)})
     s = Started(p.host, p.port, metrics_port)

@@ -1,0 +1,180 @@
+"""The frontend ledger: what a client has sent to its server and what it is still owed.
+
+Theory of operation. A server may go back to the pool only when its client is owed nothing:
+no ReadyForQuery outstanding and no extended-protocol segment left open. PostgreSQL answers
+each simple Query, FunctionCall and Sync with exactly one ReadyForQuery, with one exception
+that this ledger exists to get right: COPY FROM STDIN.
+
+- `owed` lists, in the order they were sent, the requests still owed a ReadyForQuery (the
+  message type byte of each Query, FunctionCall and Sync), with the CopyDone and CopyFail
+  messages the client sent in between (they bound a COPY, below). `pending` counts the
+  requests in it.
+- `unsynced` is true while extended-protocol messages (Parse, Bind, Describe, Execute, Close)
+  were sent after the last Sync: the server owes their replies, and a ReadyForQuery after
+  the Sync to come.
+- COPY. When the server answers with CopyInResponse (or CopyBothResponse) it is in copy-in
+  mode, reading CopyData until CopyDone or CopyFail, and it *ignores* every Sync (and
+  Flush) it reads meanwhile (protocol chapter, "COPY Operations"). A driver running COPY
+  through the extended protocol sends Parse/Bind/Execute/Sync, then CopyData..., CopyDone,
+  Sync: two Syncs, one ReadyForQuery. So on CopyInResponse the Syncs already sent between
+  the COPY's Execute and the client's CopyDone are struck from `owed`, and Syncs sent later,
+  while the client is still in copy-in, are not counted.
+- A COPY that fails on the server (ErrorResponse in copy-in mode) ends copy-in at once: in
+  the simple protocol a ReadyForQuery follows; in the extended one the server skips to the
+  next Sync. CopyData, CopyDone and CopyFail that arrive when nothing is owed (the COPY
+  already failed and was answered) are ignored by PostgreSQL; the ledger says to drop them,
+  so they never take a server from the pool for a reply that will never come.
+- A Sync sent during copy-in and a copy failure at once leave it unknowable whether the server
+  read that Sync in copy-in (ignored) or after the failure (answered): the ledger is then
+  `doubtful`, and the server must be closed rather than handed on.
+
+The ledger never decides alone: `ready()` says whether the client is owed nothing more, and
+the caller releases the server only then, on a ReadyForQuery with status `I`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from ..protocol import messages as m
+
+# What a frontend message means for the ledger, by type byte (ACTION[kind]; 0: not allowed
+# after the startup).
+OWES_READY: Final = 1  # Query, FunctionCall, Sync: one ReadyForQuery owed
+OPENS_SEGMENT: Final = 2  # Parse, Bind, Describe, Execute, Close: replies owed up to a Sync
+FLUSH: Final = 3  # asks for pending output, owes nothing of its own
+TERMINATE: Final = 4
+COPY_MESSAGE: Final = 5  # CopyData, CopyDone, CopyFail
+_KINDS: Final = {
+    OWES_READY: (m.QUERY, m.FUNCTION_CALL, m.SYNC),
+    OPENS_SEGMENT: (m.PARSE, m.BIND, m.DESCRIBE, m.EXECUTE, m.CLOSE),
+    FLUSH: (m.FLUSH,),
+    TERMINATE: (m.TERMINATE,),
+    COPY_MESSAGE: (m.COPY_DATA, m.COPY_DONE, m.COPY_FAIL),
+}
+ACTION: Final = tuple(
+    next((action for action, kinds in _KINDS.items() if kind in kinds), 0)
+    for kind in range(256)
+)
+
+# The COPY sub-state, as the server's replies made it.
+NO_COPY: Final = 0
+COPY_IN: Final = 1  # the server reads the client's CopyData (CopyInResponse, CopyBothResponse)
+COPY_OUT: Final = 2  # the server sends CopyData (CopyOutResponse) until its CopyDone
+
+_SYNC: Final = m.SYNC
+_COPY_DONE: Final = m.COPY_DONE
+_COPY_FAIL: Final = m.COPY_FAIL
+
+
+class FrontendLedger:
+    """One client's requests in flight. Fed frontend message types as they are sent and the
+    server's ReadyForQuery, CopyIn/Out/BothResponse and copy-in ErrorResponse as they come."""
+
+    def __init__(self) -> None:
+        self.owed: list[int] = []
+        self.pending = 0
+        self.unsynced = False
+        self.copy = NO_COPY
+        self.copy_extended = False  # the COPY in progress came through the extended protocol
+        self.syncs_in_copy = 0  # Syncs sent during copy-in, not counted
+        self.doubtful = False
+
+    def idle(self) -> bool:
+        """Owed nothing: the server could serve someone else (given ReadyForQuery 'I')."""
+        return not self.pending and not self.unsynced and self.copy == NO_COPY
+
+    # --- what the client sends --------------------------------------------------------------
+
+    def request(self, kind: int) -> None:
+        """A Query, FunctionCall or Sync was sent."""
+        if kind == _SYNC:
+            self.unsynced = False
+            if self.copy == COPY_IN:
+                self.syncs_in_copy += 1  # read in copy-in mode: ignored by the server
+                return
+        self.owed.append(kind)
+        self.pending += 1
+
+    def copy_message(self, kind: int) -> bool:
+        """CopyData, CopyDone or CopyFail: False if it must be dropped (nothing is owed, so
+        the COPY it belonged to is over and PostgreSQL would ignore it)."""
+        if self.idle():
+            return False
+        if kind == _COPY_DONE or kind == _COPY_FAIL:
+            if self.copy == COPY_IN:
+                self.copy = NO_COPY
+                if self.copy_extended:
+                    self.unsynced = True  # the server waits for a Sync after the COPY
+            self.owed.append(kind)
+        return True
+
+    # --- what the server answers ------------------------------------------------------------
+
+    def copy_started(self, kind: int) -> None:
+        """CopyInResponse, CopyOutResponse or CopyBothResponse from the server."""
+        owed = self.owed
+        head = -1
+        for entry in owed:
+            if entry != _COPY_DONE and entry != _COPY_FAIL:
+                head = entry
+                break
+        # The request running the COPY: a Sync ends an extended segment; none sent yet also
+        # means extended (Parse/Bind/Execute then a Flush).
+        self.copy_extended = head == _SYNC or (head == -1 and self.unsynced)
+        if kind == m.COPY_OUT_RESPONSE:
+            self.copy = COPY_OUT
+            return
+        # Copy-in: strike the Syncs sent before the client's CopyDone/CopyFail, if it has
+        # sent one already; else all of them, and stop counting Syncs until it does.
+        kept: list[int] = []
+        ended = False
+        for entry in owed:
+            if entry == _COPY_DONE or entry == _COPY_FAIL:
+                ended = True
+            elif entry == _SYNC and not ended:
+                self.pending -= 1
+                continue
+            kept.append(entry)
+        self.owed = kept
+        if ended:
+            if self.copy_extended and _SYNC not in kept:
+                self.unsynced = True
+        else:
+            self.copy = COPY_IN
+            self.syncs_in_copy = 0
+
+    def copy_failed(self) -> None:
+        """An ErrorResponse while the server was in copy-in: it left copy-in there."""
+        if self.copy != COPY_IN:
+            return
+        self.copy = NO_COPY
+        if self.syncs_in_copy:
+            self.doubtful = True  # read before the failure (ignored) or after (answered)?
+        if self.copy_extended:
+            self.unsynced = True  # the server skips to the next Sync
+
+    def ready(self) -> bool:
+        """A ReadyForQuery from the server answered the oldest request; True when the client
+        is owed nothing more."""
+        owed = self.owed
+        while owed:
+            entry = owed.pop(0)
+            if entry != _COPY_DONE and entry != _COPY_FAIL:
+                break
+        if self.pending > 0:
+            self.pending -= 1
+        else:
+            self.doubtful = True  # a ReadyForQuery nobody asked for
+        self.copy = NO_COPY
+        self.syncs_in_copy = 0
+        return self.idle()
+
+    def reset(self) -> None:
+        """The server is gone (or the client is): nothing is in flight any more."""
+        self.owed.clear()
+        self.pending = 0
+        self.unsynced = False
+        self.copy = NO_COPY
+        self.syncs_in_copy = 0
+        self.doubtful = False
