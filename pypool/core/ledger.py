@@ -24,9 +24,10 @@ that this ledger exists to get right: COPY FROM STDIN.
   next Sync. CopyData, CopyDone and CopyFail that arrive when nothing is owed (the COPY
   already failed and was answered) are ignored by PostgreSQL; the ledger says to drop them,
   so they never take a server from the pool for a reply that will never come.
-- A Sync sent during copy-in and a copy failure at once leave it unknowable whether the server
-  read that Sync in copy-in (ignored) or after the failure (answered): the ledger is then
-  `doubtful`, and the server must be closed rather than handed on.
+- A Sync sent during copy-in after CopyData, then a copy failure, leave it unknowable whether
+  the server read that Sync in copy-in (ignored) or after the failure (answered): the ledger
+  is then `doubtful`, and the server must be closed rather than handed on. (A Sync before
+  any CopyData is surely ignored: a COPY fails on its data, which comes later.)
 
 The ledger never decides alone: `ready()` says whether the client is owed nothing more, and
 the caller releases the server only then, on a ReadyForQuery with status `I`.
@@ -77,7 +78,8 @@ class FrontendLedger:
         self.unsynced = False
         self.copy = NO_COPY
         self.copy_extended = False  # the COPY in progress came through the extended protocol
-        self.syncs_in_copy = 0  # Syncs sent during copy-in, not counted
+        self.syncs_in_copy = 0  # Syncs sent during copy-in after CopyData, not counted
+        self.copy_data_sent = False  # CopyData sent since the last ReadyForQuery
         self.doubtful = False
 
     def idle(self) -> bool:
@@ -91,7 +93,10 @@ class FrontendLedger:
         if kind == _SYNC:
             self.unsynced = False
             if self.copy == COPY_IN:
-                self.syncs_in_copy += 1  # read in copy-in mode: ignored by the server
+                # Read in copy-in mode, ignored by the server (unless the COPY fails on data
+                # sent before it: copy_failed).
+                if self.copy_data_sent:
+                    self.syncs_in_copy += 1
                 return
         self.owed.append(kind)
         self.pending += 1
@@ -101,7 +106,9 @@ class FrontendLedger:
         the COPY it belonged to is over and PostgreSQL would ignore it)."""
         if self.idle():
             return False
-        if kind == _COPY_DONE or kind == _COPY_FAIL:
+        if kind == m.COPY_DATA:
+            self.copy_data_sent = True
+        elif kind == _COPY_DONE or kind == _COPY_FAIL:
             if self.copy == COPY_IN:
                 self.copy = NO_COPY
                 if self.copy_extended:
@@ -162,12 +169,17 @@ class FrontendLedger:
             entry = owed.pop(0)
             if entry != _COPY_DONE and entry != _COPY_FAIL:
                 break
+        # A CopyDone/CopyFail now at the front ended a COPY of the request just answered
+        # (or was sent after it was refused): it bounds no COPY to come.
+        while owed and (owed[0] == _COPY_DONE or owed[0] == _COPY_FAIL):
+            owed.pop(0)
         if self.pending > 0:
             self.pending -= 1
         else:
             self.doubtful = True  # a ReadyForQuery nobody asked for
         self.copy = NO_COPY
         self.syncs_in_copy = 0
+        self.copy_data_sent = False
         return self.idle()
 
     def reset(self) -> None:
@@ -177,4 +189,5 @@ class FrontendLedger:
         self.unsynced = False
         self.copy = NO_COPY
         self.syncs_in_copy = 0
+        self.copy_data_sent = False
         self.doubtful = False

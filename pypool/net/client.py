@@ -238,6 +238,18 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
     def _startup_data(self, data: bytes) -> None:
         self._startup_buffer += data
         while self.state is ClientState.STARTUP:
+            if self.user:
+                # The StartupMessage is in and auth_query is looking the user up: what
+                # follows waits, bounded, for start_auth(). Another startup packet would
+                # start a second login under a new name while the first one's runs.
+                held = self._startup_buffer
+                if held[:1] == b"\x00":
+                    raise errors.ClientProtocolError("client re-sent startup pkt")
+                if len(held) > MAX_AUTH_MESSAGE + HEADER_SIZE:
+                    raise errors.ClientProtocolError(
+                        f"{len(held)} bytes sent before the authentication request"
+                    )
+                return
             try:
                 size = startup_packet_size(self._startup_buffer)
             except StartupError as exc:
@@ -295,27 +307,34 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self._secret = secret
         if auth_type in ("trust", "any"):
             self.authenticated(None)
-            return
-        self.set_state(ClientState.AUTH)
-        # A password or SASL step is small: refuse a bigger header before buffering its body.
-        self._messages.max_size = min(self._max_packet, MAX_AUTH_MESSAGE + HEADER_SIZE)
-        use_md5 = auth_type == "md5" and not (secret and secret.startswith(MECHANISM))
-        if auth_type == "scram-sha-256" and secret is not None and is_md5_hash(secret):
-            use_md5 = True  # a stored md5 hash cannot verify a SCRAM proof
-        if auth_type == "plain":
-            self._auth_kind = "plain"
-            self.write(m.authentication(m.AUTH_CLEARTEXT_PASSWORD))
-        elif use_md5:
-            self._auth_kind = "md5"
-            self._md5_salt = os.urandom(4)
-            self.write(m.authentication(m.AUTH_MD5_PASSWORD, self._md5_salt))
         else:
-            self._auth_kind = "scram"
-            verifier = None
-            if secret is not None:
-                verifier = ScramVerifier.parse(secret) or verifier_for_password(self.user, secret)
-            self._auth_exchange = ScramServerExchange(verifier, self.user)
-            self.write(m.authentication_sasl([MECHANISM]))
+            self.set_state(ClientState.AUTH)
+            # A password or SASL step is small: refuse a bigger header before its body.
+            self._messages.max_size = min(self._max_packet, MAX_AUTH_MESSAGE + HEADER_SIZE)
+            use_md5 = auth_type == "md5" and not (secret and secret.startswith(MECHANISM))
+            if auth_type == "scram-sha-256" and secret is not None and is_md5_hash(secret):
+                use_md5 = True  # a stored md5 hash cannot verify a SCRAM proof
+            if auth_type == "plain":
+                self._auth_kind = "plain"
+                self.write(m.authentication(m.AUTH_CLEARTEXT_PASSWORD))
+            elif use_md5:
+                self._auth_kind = "md5"
+                self._md5_salt = os.urandom(4)
+                self.write(m.authentication(m.AUTH_MD5_PASSWORD, self._md5_salt))
+            else:
+                self._auth_kind = "scram"
+                verifier = None
+                if secret is not None:
+                    verifier = (ScramVerifier.parse(secret)
+                                or verifier_for_password(self.user, secret))
+                self._auth_exchange = ScramServerExchange(verifier, self.user)
+                self.write(m.authentication_sasl([MECHANISM]))
+        if self._startup_buffer and self.state is not ClientState.CLOSED:
+            # What the client sent after its StartupMessage while auth_query ran (in the
+            # synchronous case _startup_data finds this empty afterwards).
+            rest = bytes(self._startup_buffer)
+            self._startup_buffer.clear()
+            self.data_received(rest)
 
     def _auth_data(self, data: bytes) -> None:
         self._messages.feed(data)

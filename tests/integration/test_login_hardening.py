@@ -35,6 +35,11 @@ def warned(p, pattern: str) -> bool:  # type: ignore[no-untyped-def]
     return wait_for(lambda: any(line.search(x) for x in p.log().splitlines()), 5)
 
 
+def startup_packet(params: dict[str, str], minor: int = 0) -> bytes:
+    body = b"".join(m.cstring(k) + m.cstring(v) for k, v in params.items()) + b"\x00"
+    return struct.pack("!II", len(body) + 8, (3 << 16) | minor) + body
+
+
 def sasl_start(raw: RawClient, user: str = APP) -> None:
     """Send the startup packet and read up to AuthenticationSASL."""
     raw.send_startup({"user": user, "database": "app"})
@@ -193,3 +198,29 @@ def test_password_at_the_limit_is_still_read(pooler: Callable) -> None:
         raw.send(m.password_message(b"x" * 65534 + b"\x00"))
         error = raw.read_error_and_close()
     assert (error["C"], error["M"]) == ("28P01", "password authentication failed")
+
+
+def test_second_startup_packet_while_auth_query_runs_is_refused(
+    pooler: Callable, postgres  # type: ignore[no-untyped-def]
+) -> None:
+    # While auth_query looked up the first user, a second StartupMessage was read as a new
+    # login: the pooler then asked for the first user's password under the second user's
+    # name. PgBouncer: "client re-sent startup pkt".
+    p = pooler({"auth_user": "pool_admin"}, userlist={"pool_admin": "admin-secret"})
+    with RawClient(p.host, p.port, timeout=5) as raw:
+        raw.send(startup_packet({"user": APP, "database": "app"})
+                 + startup_packet({"user": postgres.superuser, "database": "app"}))
+        error = raw.read_error_and_close()
+    assert (error["S"], error["C"], error["M"]) == ("FATAL", "08P01",
+                                                   "client re-sent startup pkt")
+    still_serves(p)
+
+
+def test_bytes_held_while_auth_query_runs_are_capped(pooler: Callable) -> None:
+    p = pooler({"auth_user": "pool_admin"}, userlist={"pool_admin": "admin-secret"})
+    with RawClient(p.host, p.port, timeout=5) as raw:
+        raw.send(startup_packet({"user": APP, "database": "app"})
+                 + b"p" + struct.pack("!I", 1 << 30) + b"x" * 70000)
+        error = raw.read_error_and_close()
+    assert (error["S"], error["C"]) == ("FATAL", "08P01")
+    still_serves(p)
