@@ -49,6 +49,7 @@ from ..protocol.errors import PoolerError
 from ..protocol.framing import HEADER_SIZE, FramingError, MessageBuffer, MessageTooLarge
 from ..protocol.startup import (
     MAX_AUTH_MESSAGE,
+    PROTOCOL_3_0,
     CancelRequest,
     GSSENCRequest,
     SSLRequest,
@@ -279,7 +280,9 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
     def _startup_message(self, startup: StartupMessage) -> None:
         settings = self.pooler.settings.pooler
         if startup.minor > 0 or startup.protocol_options:
-            self.write(m.negotiate_protocol_version(0, list(startup.protocol_options)))
+            # The newest version for major 3 is 3.0, sent whole as PostgreSQL sends it.
+            self.write(m.negotiate_protocol_version(PROTOCOL_3_0,
+                                                    list(startup.protocol_options)))
         params = startup.params
         self.user = params.get("user", "")
         if not self.user:

@@ -115,8 +115,11 @@ def notice_response(message_text: str, sqlstate: str = "00000", severity: str = 
     return message(NOTICE_RESPONSE, body)
 
 
-def negotiate_protocol_version(minor: int, unsupported: list[str]) -> bytes:
-    body = _INT32.pack(minor) + _INT32.pack(len(unsupported))
+def negotiate_protocol_version(newest_version: int, unsupported: list[str]) -> bytes:
+    """NegotiateProtocolVersion: the newest version supported for the major version asked
+    for, as PostgreSQL sends it (major << 16 | minor, 0x00030000 for 3.0, which libpq 18
+    reads as a full version), then the `_pq_.` options it does not know."""
+    body = _INT32.pack(newest_version) + _INT32.pack(len(unsupported))
     body += b"".join(cstring(name) for name in unsupported)
     return message(NEGOTIATE_PROTOCOL_VERSION, body)
 

@@ -224,3 +224,32 @@ def test_bytes_held_while_auth_query_runs_are_capped(pooler: Callable) -> None:
         error = raw.read_error_and_close()
     assert (error["S"], error["C"]) == ("FATAL", "08P01")
     still_serves(p)
+
+
+# --- protocol negotiation -------------------------------------------------------------------
+
+
+def test_negotiate_protocol_version_names_3_0_and_the_unknown_options(pooler: Callable) -> None:
+    # As PostgreSQL sends it: Int32 the newest version supported for the major asked for
+    # (0x00030000), then the unsupported _pq_ options; the login then goes on in 3.0.
+    p = pooler({"auth_type": "trust"})
+    with RawClient(p.host, p.port) as raw:
+        raw.send(startup_packet({"user": APP, "database": "app", "_pq_.foo": "1"}, minor=2))
+        kind, body = raw.read_message() or (0, b"")
+        assert kind == m.NEGOTIATE_PROTOCOL_VERSION
+        version, count = struct.unpack_from("!II", body)
+        assert (hex(version), count) == ("0x30000", 1)
+        assert body[8:] == b"_pq_.foo\x00"
+        kinds = [k for k, _ in raw.read_until(m.READY_FOR_QUERY)]
+        assert m.ERROR_RESPONSE not in kinds and kinds[0] == m.AUTHENTICATION
+        rows, _, _ = raw.simple_query("SELECT 'in 3.0'")
+    assert rows == [["in 3.0"]]
+
+
+def test_libpq_asking_for_the_latest_protocol_falls_back_to_3_0(pooler: Callable) -> None:
+    if psycopg.pq.version() < 180000:
+        pytest.skip(f"libpq {psycopg.pq.version()} has no max_protocol_version (libpq 18+)")
+    p = pooler()
+    with psycopg.connect(p.dsn() + "?max_protocol_version=latest", connect_timeout=5) as conn:
+        assert conn.execute("SELECT 40 + 2").fetchone() == (42,)
+        assert conn.pgconn.protocol_version == 3

@@ -100,10 +100,10 @@ def test_authentication_messages() -> None:
 
 
 def test_negotiate_protocol_version() -> None:
-    kind, body = one(m.negotiate_protocol_version(0, ["_pq_.a", "_pq_.b"]))
+    kind, body = one(m.negotiate_protocol_version(3 << 16, ["_pq_.a", "_pq_.b"]))
     assert kind == m.NEGOTIATE_PROTOCOL_VERSION
-    minor, count = struct.unpack_from("!II", body)
-    assert (minor, count) == (0, 2)
+    version, count = struct.unpack_from("!II", body)
+    assert (version, count) == (0x00030000, 2)
     assert body[8:] == b"_pq_.a\x00_pq_.b\x00"
 
 
