@@ -544,6 +544,25 @@ def test_sql_names_of_another_client_are_dropped_first():
     assert b.take()[1] == error("26000", 'prepared statement "q" does not exist') + ready()
 
 
+def test_a_failed_hidden_deallocate_is_settled_once():
+    """Its error undoes it, its ReadyForQuery settles it: the undo count stays right (it was
+    settled twice, and the server closed with a KeyError)."""
+    registry = Registry()
+    a = Link(registry=registry)
+    a.send(query(b"PREPARE q AS SELECT 1"))
+    a.reply(complete(b"PREPARE"), ready())
+    server = a.server
+    server.detach()
+    b = Link(registry=registry)
+    b.move_to(server)
+    b.take()
+    b.send(query(b"PREPARE q AS SELECT 2"))
+    b.reply(error("26000", 'prepared statement "q" does not exist'), ready(),
+            complete(b"PREPARE"), ready())
+    assert b.take()[1] == complete(b"PREPARE") + ready()
+    assert not server.undoable and not server.queue
+
+
 def test_sql_deallocate_and_execute_of_a_protocol_level_statement():
     link = Link()
     link.send(parse(b"s1", SQL), SYNC)
@@ -656,6 +675,154 @@ def test_plain_queries_stay_on_the_hot_path():
     assert link.server.tracking == 0 and len(link.server.queue) == 2
     link.reply(ROW_DESCRIPTION, ROW, complete(b"SELECT 1"), ready())
     assert link.server.tracking == 0 and len(link.server.queue) == 1
+
+
+# --- a server whose statements went behind the pooler's back -------------------------------
+
+MISSING = error("26000", 'prepared statement "PYPOOL_1" does not exist')
+DO_DEALLOCATE = b"DO $$ BEGIN EXECUTE 'DEALLOCATE ALL'; END $$"
+
+
+def test_a_26000_for_our_statement_forgets_the_cache_and_the_next_bind_parses_it_again():
+    """A folded segment on the hot path (the steady state): the error reaches this one
+    request, under the client's name; the next Bind closes and parses the statement again."""
+    link = prepared_link(Registry())
+    link.send(bind(b"s", params=(b"1",)), execute(), SYNC)
+    assert link.server.tracking == 0
+    link.reply(MISSING, ready())
+    assert link.take()[1] == error("26000", 'prepared statement "s" does not exist') + ready()
+    assert not link.server.lru and link.client.names  # the client still has "s"
+    link.send(bind(b"s", params=(b"2",)), execute(), SYNC)
+    assert link.to_server == (close(b"S", b"PYPOOL_1") + KEY_PARSE
+                              + bind(b"PYPOOL_1", params=(b"2",)) + execute() + SYNC)
+    link.reply(CLOSE_COMPLETE, PARSE_COMPLETE, BIND_COMPLETE, ROW, complete(b"SELECT 1"),
+               ready())
+    assert link.take()[1] == BIND_COMPLETE + ROW + complete(b"SELECT 1") + ready()
+    assert list(link.server.lru) == [link.client.names[b"s"]] and not link.server.stale
+
+
+def test_a_26000_on_the_tracked_path_heals_too():
+    link = prepared_link(Registry())
+    link.send(bind(b"s", params=(b"1",)), FLUSH)  # no Sync yet: read reply by reply
+    link.reply(MISSING)
+    assert link.take()[1] == error("26000", 'prepared statement "s" does not exist')
+    link.send(execute(), SYNC)
+    assert link.to_server == SYNC  # the server skips to it
+    link.reply(ready())
+    link.take()
+    link.send(describe(b"S", b"s"), SYNC)
+    assert link.to_server == (close(b"S", b"PYPOOL_1") + KEY_PARSE
+                              + describe(b"S", b"PYPOOL_1") + SYNC)
+
+
+def test_a_query_that_may_deallocate_unseen_makes_the_cache_distrusted_when_it_is_done():
+    """No 26000 at all: the Bind after the DO block parses its statement again."""
+    link = prepared_link(Registry())
+    link.send(query(DO_DEALLOCATE))
+    link.send(bind(b"s"), execute(), SYNC)  # pipelined behind it: waits for its outcome
+    assert link.to_server == query(DO_DEALLOCATE) and link.server.blocked
+    link.take()
+    link.reply(complete(b"DO"), ready())
+    assert not link.server.lru
+    link.server.blocked = False
+    link.send(bind(b"s"), execute(), SYNC)
+    assert link.to_server == close(b"S", b"PYPOOL_1") + KEY_PARSE + bind(b"PYPOOL_1") + (
+        execute() + SYNC)
+
+
+def test_a_prepared_do_block_is_distrusted_at_its_sync():
+    link = prepared_link(Registry())
+    link.send(parse(b"d", DO_DEALLOCATE), bind(b"d"), execute(), SYNC)
+    link.reply(PARSE_COMPLETE, BIND_COMPLETE, complete(b"DO"), ready())
+    assert not link.server.lru
+    assert link.server.bind_segment(bind(b"d") + execute() + SYNC, len(bind(b"d"))) is None
+    # The unnamed statement too.
+    link = prepared_link(Registry())
+    link.send(parse(b"", DO_DEALLOCATE), bind(b""), execute(), SYNC)
+    link.reply(PARSE_COMPLETE, BIND_COMPLETE, complete(b"DO"), ready())
+    assert not link.server.lru
+
+
+@pytest.mark.parametrize("sql", [b"SELECT 1", b"UPDATE t SET prepared = true",
+                                 b"DELETE FROM t WHERE x = 1"])
+def test_statements_that_cannot_deallocate_leave_the_cache_alone(sql: bytes):
+    link = prepared_link(Registry())
+    link.send(query(sql))
+    link.reply(complete(b"SELECT 1"), ready())
+    link.send(parse(b"", sql), bind(b""), execute(), SYNC)
+    link.reply(PARSE_COMPLETE, BIND_COMPLETE, complete(b"SELECT 1"), ready())
+    assert len(link.server.lru) == 1
+
+
+def test_a_deallocate_in_a_multi_statement_query_distrusts_the_cache():
+    link = prepared_link(Registry())
+    link.send(query(b"SELECT 1; DEALLOCATE x"))  # the hot path: only its tags are seen
+    link.reply(ROW_DESCRIPTION, ROW, complete(b"SELECT 1"), complete(b"DEALLOCATE"), ready())
+    assert not link.server.lru and link.server.stale
+
+
+def test_a_prepare_in_a_multi_statement_query_is_dropped_before_another_clients():
+    registry = Registry()
+    a = Link(registry=registry)
+    a.send(query(b"PREPARE q AS SELECT 1; SELECT 1/0"))
+    a.reply(complete(b"PREPARE"), error("22012", "division by zero"), ready())
+    assert a.server.sql == {b"q": b""} and not a.client.sql  # the server has some "q"
+    server = a.server
+    server.detach()
+    b = Link(registry=registry)
+    b.move_to(server)
+    b.take()
+    b.send(query(b"PREPARE q AS SELECT 2"))
+    # A Close, which cannot fail whether or not the server has it, then the client's own.
+    assert b.to_server == close(b"S", b"q") + SYNC + query(b"PREPARE q AS SELECT 2")
+    b.reply(CLOSE_COMPLETE, ready(), complete(b"PREPARE"), ready())
+    assert b.take()[1] == complete(b"PREPARE") + ready()
+    assert server.sql == {b"q": b"PREPARE q AS SELECT 2"}
+
+
+def test_a_client_sql_statement_is_prepared_again_on_a_distrusted_server():
+    registry = Registry()
+    a = Link(registry=registry)
+    text = b"PREPARE q AS SELECT 1"
+    a.send(query(text))
+    a.reply(complete(b"PREPARE"), ready())
+    server = a.server
+    a.move_to(a.new_server())
+    a.reply(complete(b"PREPARE"), ready())  # the hidden one
+    server.distrust("test")
+    a.move_to(server)
+    assert a.to_server.endswith(close(b"S", b"q") + SYNC + query(text))
+
+
+def test_a_duplicate_parse_that_succeeds_means_the_server_had_lost_the_statement():
+    link = prepared_link(Registry())
+    link.send(parse(b"s", b"SELECT 2"), SYNC)
+    assert link.to_server == parse(b"PYPOOL_1", b"SELECT 2") + SYNC
+    link.reply(PARSE_COMPLETE, ready())  # PostgreSQL would have said 42P05
+    assert not link.server.lru and link.client.names[b"s"] in link.server.stale
+    link.take()
+    link.send(bind(b"s"), execute(), SYNC)
+    assert link.to_server.startswith(close(b"S", b"PYPOOL_1") + KEY_PARSE)
+
+
+def test_a_skipped_close_of_a_stale_statement_stays_stale():
+    link = prepared_link(Registry())
+    link.server.distrust("test")
+    link.send(bind(b"s"), execute(), SYNC)
+    link.reply(error("25P02", "current transaction is aborted"), ready("E"))
+    stmt = link.client.names[b"s"]
+    assert stmt in link.server.stale and not link.server.lru and not link.server.undoable
+
+
+def test_stale_statements_nobody_uses_are_not_kept():
+    registry = Registry()
+    link = prepared_link(registry)
+    link.server.distrust("test")
+    link.send(close(b"S", b"s"), SYNC)
+    link.reply(ready())
+    assert not registry.statements
+    link.server.distrust("again")
+    assert not link.server.stale
 
 
 # --- the driver fast path and the pipelining verdict ----------------------------------------

@@ -57,6 +57,13 @@ next Sync are dropped and their optimistic effects undone in reverse order (a fa
 is forgotten by the server map and the client map, a skipped Close is undone).
 `DEALLOCATE ALL` and `DISCARD ALL`, seen in CommandComplete tags, clear the maps.
 
+Some statements change the server's prepared statements where the pooler cannot follow (a
+DO block running `EXECUTE 'DEALLOCATE ALL'`, a DEALLOCATE in a multi-statement query, a
+function). After one, or when the server answers 26000 for a name the pooler gave it, the
+server's cache is distrusted (`ServerStatements.distrust`): forgotten, each statement parsed
+again where next used and closed first in case it survived (`stale`), SQL-level names kept
+as UNSURE and dropped with a Close, which never fails, before anyone prepares them.
+
 Replies are read one by one only while the request at the head of the queue needs it. When
 a Sync closes a segment of plain requests (Bind and Execute of statements the server has:
 the steady state of every driver), they are folded into the Sync, and the hot path carries

@@ -24,6 +24,18 @@ PROBE: Final = PREFIX + b"0"
 _NEUTRAL: Final = re.compile(rb"[\s(]*(?:select|insert|update|delete|with|values|table)\b", re.I)
 
 
+# Words of a statement that may prepare or deallocate statements where the pooler cannot see
+# it (`DO $$ BEGIN EXECUTE 'DEALLOCATE ALL'; END $$`, `SELECT 1; DEALLOCATE x`): looked for
+# only in texts that are not neutral or not recognised, once per Statement.
+_TOUCHES: Final = re.compile(rb"\b(?:deallocate|prepare|discard)\b", re.I)
+
+
+def touches_text(data: bytes, start: int, end: int) -> bool:
+    """Whether the text at data[start:end] names a command that changes the server's
+    prepared statements (see `ServerStatements.distrust`)."""
+    return _TOUCHES.search(data, start, end) is not None
+
+
 def neutral_text(data: bytes, start: int) -> bool:
     """Whether the statement text at data[start:] starts as a neutral one (see `Statement`)."""
     return _NEUTRAL.match(data, start) is not None
@@ -41,7 +53,7 @@ def neutral_query(data: bytes, start: int, end: int) -> bool:
 class Statement:
     """One distinct Parse body and the name servers know it by."""
 
-    __slots__ = ("key", "name", "refs", "neutral")
+    __slots__ = ("key", "name", "refs", "neutral", "touches")
 
     def __init__(self, key: bytes, name: bytes) -> None:
         self.key = key  # the Parse body after the statement name: query, NUL, types
@@ -50,6 +62,9 @@ class Statement:
         # Whether executing it leaves the transaction status as it was: a transaction that
         # begins with it (implicitly, at its Bind) is over at the Sync (see net/pipeline).
         self.neutral = neutral_text(key, 0)
+        # Whether it may drop or make prepared statements behind the pooler's back (a DO
+        # block that runs DEALLOCATE): the server's cache is not trusted after it runs.
+        self.touches = not self.neutral and touches_text(key, 0, len(key))
 
     def __repr__(self) -> str:
         return f"<Statement {self.name.decode()} refs={self.refs}>"

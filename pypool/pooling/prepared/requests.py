@@ -39,8 +39,12 @@ OP_SQL: Final = 7  # the client's PREPARE/DEALLOCATE query: applied when its tag
 OP_HIDDEN: Final = 8  # the pooler's own SQL-level PREPARE/DEALLOCATE: failed -> forget the name
 OP_FAIL: Final = 9  # a Describe of PROBE sent to make the server fail: its error is replaced
 OP_RENAME: Final = 10  # a Sync standing for a whole segment of plain requests (see _sync)
+OP_DISTRUST: Final = 11  # a Sync or Query that may change the server's statements unseen:
+#                          done -> forget the server's cache (ServerStatements.distrust)
+OP_STALE: Final = 12  # the pooler's Close of a statement the server may have lost or kept,
+#                       before it is parsed again: failed -> still unsure
 UNDOABLE: Final = frozenset((OP_PARSE, OP_PARSE_HIT, OP_INJECT, OP_EVICT, OP_CLOSE, OP_SQL,
-                       OP_HIDDEN))
+                             OP_HIDDEN, OP_DISTRUST, OP_STALE))
 
 # A request: (wait, swallow, op, stmt, client name, segment, payload). `segment` counts the
 # Syncs queued before it on this server; `payload` is the synthesised reply (W_SYNTHETIC) or
@@ -72,6 +76,13 @@ FORWARD: Final = 0  # pass it to the client
 SWALLOW: Final = 1  # the client must not see it
 READY: Final = 2  # pass it: it is a ReadyForQuery the client is owed
 REPLACE: Final = 3  # send `ServerStatements.replacement` instead
+
+# A SQL-level name in `ServerStatements.sql` that the server may or may not have (after
+# something ran there that the pooler could not follow): dropped with a Close, never fails.
+UNSURE: Final = b""
+
+# The SQLSTATE field of an ErrorResponse saying a prepared statement does not exist.
+NO_SUCH_STATEMENT: Final = b"\x00C26000\x00"
 
 PARSE_COMPLETE: Final = m.parse_complete()
 CLOSE_COMPLETE: Final = m.close_complete()

@@ -22,13 +22,16 @@ from .registry import (
     Statement,
     neutral_query,
     neutral_text,
+    touches_text,
 )
 from .requests import (
     CLOSE_COMPLETE,
     COMPLETES,
     FORWARD,
     HIDDEN_SYNC,
+    NO_SUCH_STATEMENT,
     OP_CLOSE,
+    OP_DISTRUST,
     OP_EVICT,
     OP_FAIL,
     OP_HIDDEN,
@@ -39,6 +42,7 @@ from .requests import (
     OP_PARSE_HIT,
     OP_RENAME,
     OP_SQL,
+    OP_STALE,
     PARSE_COMPLETE,
     PLAIN_BIND,
     PLAIN_CLOSE,
@@ -51,6 +55,7 @@ from .requests import (
     REPLACE,
     SWALLOW,
     UNDOABLE,
+    UNSURE,
     W_BIND,
     W_CLOSE,
     W_DESCRIBE,
@@ -121,7 +126,11 @@ class ServerStatements:
         self.cap = cap  # max_prepared_statements
         self.stats = stats
         self.lru: OrderedDict[Statement, int] = OrderedDict()  # -> epoch of last use
-        self.sql: OrderedDict[bytes, bytes] = OrderedDict()  # SQL-level name -> PREPARE text
+        # SQL-level name -> its PREPARE text, or UNSURE: the server may have it (see distrust)
+        self.sql: OrderedDict[bytes, bytes] = OrderedDict()
+        # Statements the server may or may not still have, since something ran there that
+        # the pooler could not follow (`distrust`): closed first when parsed there again.
+        self.stale: set[Statement] = set()
         self.queue: deque[Request] = deque()
         # How the server's replies must be read: 0 on the hot path (the queue is empty or
         # its head is a plain Sync or Query, done at the next ReadyForQuery), 1 one message
@@ -152,6 +161,9 @@ class ServerStatements:
         self.last_neutral: bool | None = False  # None: a simple Query, not looked at yet
         self._last_query = (b"", 0, 0)
         self.unnamed_neutral = False  # the last unnamed Parse sent here holds a neutral text
+        self.unnamed_touches = False  # ... or one that may change the server's statements
+        # The open segment runs a statement that may (Statement.touches): its Sync distrusts.
+        self.open_touches = False
         self.blocked = False  # a WAIT was returned; the client waits for the queue to move
         # Requests whose effect an error may still undo, by segment: while an earlier
         # segment has some, a statement name is not looked up (WAIT), since its answer may
@@ -173,6 +185,8 @@ class ServerStatements:
         self.open_neutral = True
         self.last_neutral = False
         self.unnamed_neutral = False
+        self.unnamed_touches = False
+        self.open_touches = False
         if not client.sql:
             return b""
         out = []
@@ -182,14 +196,14 @@ class ServerStatements:
                 self.sql.move_to_end(name)
                 continue
             if have is not None:
-                out.append(self._hidden(b"DEALLOCATE " + quote_ident(name), name, None))
+                out.append(self._drop_sql(name))
             out.append(self._hidden(text, name, text))
         while len(self.sql) > max(self.cap, len(client.sql)):
             name = next(iter(self.sql))
             if name in client.sql:
                 self.sql.move_to_end(name)
                 continue
-            out.append(self._hidden(b"DEALLOCATE " + quote_ident(name), name, None))
+            out.append(self._drop_sql(name))
         return b"".join(out)
 
     def detach(self) -> bool:
@@ -218,6 +232,7 @@ class ServerStatements:
         self.readies_queued = self.readies_done = 0
         self.tracking = 0
         self.sql.clear()
+        self.stale.clear()
 
     # --- client messages ------------------------------------------------------------------
 
@@ -251,6 +266,8 @@ class ServerStatements:
                 return self._bind(data, pos, end)
             if not self.unnamed_neutral:
                 self.open_neutral = False
+                if self.unnamed_touches:
+                    self._touching()
             plain = PLAIN_BIND
         elif kind == 83:  # S
             self._sync()
@@ -261,7 +278,8 @@ class ServerStatements:
                 return self._parse(data, pos, end)
             # The unnamed statement (pgbench -M extended, most ORMs' one-off queries): its
             # text says whether a Bind of it is neutral.
-            self.unnamed_neutral = neutral_text(data, pos + 6)
+            neutral = self.unnamed_neutral = neutral_text(data, pos + 6)
+            self.unnamed_touches = not neutral and touches_text(data, pos + 6, end)
             plain = PLAIN_PARSE
         elif kind == 68:  # D
             if data[pos + 5] != 80:  # "P"
@@ -305,7 +323,7 @@ class ServerStatements:
             return None
         name = data[portal_end + 1 : name_end]
         stmt = client.names.get(name)
-        if stmt is None or stmt not in self.lru:
+        if stmt is None or stmt not in self.lru or stmt.touches:
             return None
         self._ensure(stmt)  # a hit: sends nothing
         if self.stats is not None:
@@ -367,7 +385,13 @@ class ServerStatements:
         queue = self.queue
         request = PLAIN_SYNC
         neutral = self.open_neutral and not self.open_fine
-        if not self.open_fine and self.open_count:
+        if self.open_touches:
+            # A statement in it may drop the server's statements: forget them at its end,
+            # and look no name up for later segments until then (undoable).
+            self.open_touches = False
+            request = (W_SYNC, False, OP_DISTRUST, None, None, self.segment, None)
+            self.undoable[self.segment] = self.undoable.get(self.segment, 0) + 1
+        elif not self.open_fine and self.open_count:
             # The segment's requests are the last ones queued (those already answered, if
             # any, were taken from the front).
             count = min(self.open_count, len(queue))
@@ -454,6 +478,7 @@ class ServerStatements:
                 target = next(reversed(lru))
                 out = b""
             self._push((W_PARSE, False, OP_NAMED, target, name, segment, None))
+            self.open_fine = True  # not folded: a ParseComplete would say the server lost it
             return out + parse_message(target.name, key)
         if name in client.sql:
             self._push(PLAIN_PARSE)  # the server has it under this name: 42P05 there
@@ -486,6 +511,8 @@ class ServerStatements:
             stats.prepared_misses += 1
             stats.server_parse_count += 1
         out = self._make_room()
+        if self.stale and stmt in self.stale:
+            out += self._close_stale(stmt)
         registry.hold(stmt)
         lru[stmt] = self.epoch
         self._push((W_PARSE, False, OP_PARSE, stmt, name, segment, None))
@@ -512,6 +539,8 @@ class ServerStatements:
                               f'prepared statement "{shown(name)}" does not exist')
         if not stmt.neutral:
             self.open_neutral = False
+            if stmt.touches:
+                self._touching()
         out = self._ensure(stmt)
         if self.stats is not None:
             self.stats.bind_count += 1
@@ -572,6 +601,13 @@ class ServerStatements:
         command = parse_sql_command(data[pos + 5 : end - 1])
         client = self.client
         if command is None or client is None:
+            if client is not None and touches_text(data, pos + 5, end - 1):
+                # A DO block or the like that may change the server's statements unseen.
+                if self.undoable and self._must_wait():
+                    return WAIT
+                self._push((W_READY, False, OP_DISTRUST, None, None, self.segment, None))
+                self.segment += 1  # like a Sync: an error in it skips nothing after it
+                return None
             self._push(PLAIN_QUERY)
             return None
         if self.undoable and self._must_wait():
@@ -582,7 +618,7 @@ class ServerStatements:
         request = PLAIN_QUERY
         if command.verb == b"prepare":
             if name not in client.sql and name in self.sql:
-                out = self._hidden(b"DEALLOCATE " + quote_ident(name), name, None)
+                out = self._drop_sql(name)
             request = (W_READY, False, OP_SQL, None, name, self.segment, command)
         elif command.verb == b"discard" or not name:
             pass  # DISCARD ..., DEALLOCATE ALL: the CommandComplete tag tells what happened
@@ -615,7 +651,7 @@ class ServerStatements:
         elif name in self.sql:
             # Another client's statement of that name: drop it so the client's query fails
             # (or succeeds) as it would on a connection of its own.
-            out = self._hidden(b"DEALLOCATE " + quote_ident(name), name, None)
+            out = self._drop_sql(name)
         self._push(request)
         if message is None:
             return out + data[pos:end] if out else None
@@ -630,6 +666,27 @@ class ServerStatements:
             self.sql[name] = prepared
         self._push((W_READY, True, OP_HIDDEN, None, name, self.segment, (prepared, before)))
         return query_message(text)
+
+    def _drop_sql(self, name: bytes) -> bytes:
+        """Drop the SQL-level statement `name` from the server: a hidden DEALLOCATE, or where
+        the server may not have it (UNSURE), a Close and Sync, which never fail (not even in
+        a failed transaction block). The Sync would end a segment of the client's still
+        open (an extended request queued last), so then the DEALLOCATE, whose error is
+        swallowed."""
+        queue = self.queue
+        if self.sql.get(name) != UNSURE or (queue and queue[-1][0] < W_SYNC):
+            return self._hidden(b"DEALLOCATE " + quote_ident(name), name, None)
+        del self.sql[name]
+        self._push((W_CLOSE, True, OP_NONE, None, None, self.segment, None))
+        self._push(HIDDEN_SYNC)
+        self.segment += 1
+        return close_statement(name) + m.sync()
+
+    def _touching(self) -> None:
+        """A Bind in the open segment runs a statement that may change the server's
+        statements (Statement.touches): its Sync distrusts the cache."""
+        self.open_touches = True
+        self.open_fine = True  # not folded: the Sync's reply is read
 
     def _ensure(self, stmt: Statement) -> bytes:
         """What to send first so the server has `stmt` (b"" if it has it already)."""
@@ -648,10 +705,41 @@ class ServerStatements:
             stats.prepared_misses += 1
             stats.server_parse_count += 1
         out = self._make_room()
+        if self.stale and stmt in self.stale:
+            out += self._close_stale(stmt)
         self.registry.hold(stmt)
         self.lru[stmt] = self.epoch
         self._push((W_PARSE, True, OP_INJECT, stmt, None, self.segment, None))
         return out + stmt.parse_message()
+
+    def _close_stale(self, stmt: Statement) -> bytes:
+        """The server may still have `stmt` (see `stale`): close it before parsing it again,
+        so that the Parse cannot fail with 42P05."""
+        self.stale.discard(stmt)
+        self._push((W_CLOSE, True, OP_STALE, stmt, None, self.segment, None))
+        return close_statement(stmt.name)
+
+    def distrust(self, why: str) -> None:
+        """Something ran on the server that the pooler could not follow and that may have
+        dropped prepared statements (a DO block running DEALLOCATE ALL, a function, a
+        DEALLOCATE in a multi-statement query), or a Bind found one missing (26000). The
+        cache cannot be trusted: forget it. Each statement is parsed again where it is next
+        used, closed first in case it survived (`stale`); SQL-level names become UNSURE."""
+        log.debug("server's prepared statements forgotten: %s", why)
+        lru = self.lru
+        stale = self.stale
+        if stale:  # keep it to statements still in use, which may be parsed here again
+            for stmt in [s for s in stale if s.refs <= 0]:
+                stale.discard(stmt)
+        if lru:
+            release = self.registry.release
+            for stmt in lru:
+                stale.add(stmt)
+                release(stmt)
+            lru.clear()
+        sql = self.sql
+        for name in sql:
+            sql[name] = UNSURE
 
     def _make_room(self) -> bytes:
         """Close least recently used statements until one more fits."""
@@ -700,7 +788,8 @@ class ServerStatements:
                     if head[3] is not None:
                         return self._rename_error(body, head)
                 elif head[2] == OP_HIDDEN:
-                    self._settle(head, False)
+                    # Undone now; settled (done with) at its ReadyForQuery, like the rest.
+                    self._undo_hidden(head)
                     fields = m.parse_error_fields(body)
                     log.warning("pooler-issued statement failed: %s %s", fields.get("C"),
                                 fields.get("M"))
@@ -756,6 +845,8 @@ class ServerStatements:
         for stmt, name in queue[0][6]:
             ours = b'"' + stmt.name + b'"'
             if ours in body:
+                if NO_SUCH_STATEMENT in body:
+                    self.distrust("a Bind found it missing")
                 renamed = body.replace(ours, b'"' + name + b'"')
                 break
         else:
@@ -795,6 +886,10 @@ class ServerStatements:
         ours = b'"' + stmt.name + b'"'
         if ours not in body:
             return FORWARD
+        if NO_SUCH_STATEMENT in body:
+            # The server lost a statement the pooler prepared there. This request fails (its
+            # reply was the error); later ones find the statement parsed again.
+            self.distrust("a Bind or Describe found it missing")
         body = body.replace(ours, b'"' + name + b'"')
         self.replacement = b"E" + (len(body) + 4).to_bytes(4, "big") + body
         return REPLACE
@@ -839,21 +934,51 @@ class ServerStatements:
         elif op == OP_SQL:
             if ok:
                 self._sql_done(request)
+        elif op == OP_DISTRUST:
+            if ok:
+                self.distrust("a query that may deallocate ran")
+        elif op == OP_STALE:
+            if not ok:
+                assert stmt is not None
+                self.stale.add(stmt)  # skipped: the server may still have it
+        elif op == OP_NAMED:
+            if ok and request[0] == W_PARSE and stmt is not None:
+                # A duplicate Parse, sent under the name of a statement the server should
+                # have, succeeded: the server had lost it, and now has another text under
+                # its name. Close that before it is parsed here again.
+                self.distrust("a duplicate Parse found it missing")
+                self.stale.add(stmt)
         elif op == OP_HIDDEN:
-            if not ok and name is not None:  # undo: the server's names are as they were
-                prepared, before = request[6]
-                if before is None:
-                    self.sql.pop(name, None)
-                elif self.sql.get(name) in (prepared, None):
-                    self.sql[name] = before
+            if not ok:
+                self._undo_hidden(request)
+
+    def _undo_hidden(self, request: Request) -> None:
+        """A pooler-issued PREPARE or DEALLOCATE failed or was skipped: the server's names
+        are as they were."""
+        name = request[4]
+        if name is None:
+            return
+        prepared, before = request[6]
+        if before is None:
+            self.sql.pop(name, None)
+        elif self.sql.get(name) in (prepared, None):
+            self.sql[name] = before
 
     def _sql_done(self, request: Request) -> None:
         """A client's PREPARE or DEALLOCATE query completed: apply it if it succeeded."""
         command: SqlCommand = request[6]
         client = self.client
-        if command.failed or command.tags != 1 or client is None:
-            return  # failed, or several statements in one query: not ours to replay
+        if not command.tags or client is None:
+            return  # the command itself failed: nothing changed
         name = command.name
+        if command.failed or command.tags != 1:
+            # Several statements in one query: not ours to replay, and what the others did
+            # is not known. A PREPARE that ran stays on the server (a later error does not
+            # undo it), under a text that is not the query's.
+            self.distrust("a multi-statement query that prepares or deallocates ran")
+            if command.verb == b"prepare":
+                self.sql[name] = UNSURE
+            return
         if command.verb == b"prepare":
             client.sql[name] = command.text
             self.sql[name] = command.text
@@ -880,6 +1005,12 @@ class ServerStatements:
             return
         if body.startswith(b"DEALLOCATE ALL") or body.startswith(b"DISCARD ALL"):
             self.clear()
+        elif body.startswith(b"DEALLOCATE\x00"):
+            queue = self.queue
+            op = queue[0][2] if queue else OP_NONE
+            if op != OP_SQL and op != OP_HIDDEN:
+                # Not one the pooler follows (`SELECT 1; DEALLOCATE x`): which one is unknown.
+                self.distrust("an untracked DEALLOCATE ran")
 
     def clear(self) -> None:
         """The server dropped every prepared statement (DEALLOCATE ALL, DISCARD ALL): so did
@@ -889,6 +1020,7 @@ class ServerStatements:
             release(stmt)
         self.lru.clear()
         self.sql.clear()
+        self.stale.clear()
         client = self.client
         if client is not None:
             for stmt in client.names.values():
