@@ -25,7 +25,7 @@ import hmac
 import os
 from dataclasses import dataclass
 
-from scramp import ScramClient, ScramMechanism
+from scramp import ScramClient, ScramException, ScramMechanism
 
 MECHANISM = "SCRAM-SHA-256"
 _MECH = ScramMechanism(MECHANISM)
@@ -305,7 +305,24 @@ class ScramClientLogin:
         return ("n,," + self._client_first_bare).encode()
 
     def server_first(self, data: bytes) -> bytes:
-        """Takes server-first-message, returns client-final-message."""
+        """Takes server-first-message, returns client-final-message.
+
+        Whatever is wrong with the server's message raises ScramAuthError, scramp's errors
+        and a missing attribute included, so that the caller needs to catch one type.
+        """
+        try:
+            return self._server_first(data)
+        except (ScramException, ValueError, KeyError) as bad:
+            raise ScramAuthError(f"malformed SCRAM server-first-message: {bad}") from None
+
+    def server_final(self, data: bytes) -> None:
+        """Checks server-final-message; ScramAuthError if it does not prove the server."""
+        try:
+            self._server_final(data)
+        except (ScramException, ValueError, KeyError) as bad:
+            raise ScramAuthError(f"SCRAM server-final-message does not verify: {bad}") from None
+
+    def _server_first(self, data: bytes) -> bytes:
         text = data.decode()
         if self._scramp is not None:
             self._scramp.set_server_first(text)
@@ -322,7 +339,7 @@ class ScramClientLogin:
         self._expected_server_signature = _hmac(self._server_key, auth_message)
         return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
 
-    def server_final(self, data: bytes) -> None:
+    def _server_final(self, data: bytes) -> None:
         text = data.decode()
         if self._scramp is not None:
             self._scramp.set_server_final(text)

@@ -88,7 +88,12 @@ def startup_packet_size(data: bytes | bytearray) -> int | None:
 
 
 def parse_startup_packet(packet: bytes) -> StartupPacket:
+    """The packet `packet` (one whole one, its length first) is; StartupError if none."""
+    if len(packet) < 8:
+        raise StartupError(f"bad packet header: '{packet.hex()}'")
     size, code = struct.unpack_from("!II", packet, 0)
+    if size != len(packet):
+        raise StartupError(f"invalid startup packet: length {size}, but {len(packet)} bytes")
     if code == SSL_REQUEST_CODE and size == 8:
         return SSLRequest()
     if code == GSSENC_REQUEST_CODE and size == 8:
