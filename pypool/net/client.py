@@ -450,10 +450,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self.statements = prepared.ClientStatements(
                 self.pooler.statement_registry, cfg.max_client_prepared_statements
             )
-        if self._partial:
-            rest = bytes(self._partial)
-            self._partial.clear()
-            self._relay(rest)
+        self.carry_on()
 
     # --- the hot path: client to server ---------------------------------------------------
 
@@ -710,6 +707,10 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                     return
             else:
                 self._forward(held)
+        self.carry_on()
+
+    def carry_on(self) -> None:
+        """Relay what the client sent while it had to wait (login, a WAIT, a SET)."""
         if self._partial:
             rest = bytes(self._partial)
             self._partial.clear()

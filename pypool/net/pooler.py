@@ -669,7 +669,32 @@ class Pooler:
         server.request_time = now
         pool.stats.server_assignment_count += 1
         if not covers(server.params, client.params):
-            server.send_parameters(client.params)
+            # What the client sent waits for the SET's reply (parameters_applied).
+            server.send_parameters(client)
+            client._blocked = True
+            return
+        self._send_outbox(client, server)
+
+    def parameters_applied(self, server: ServerConnection, client: ClientConnection) -> None:
+        """The SET sent at link time succeeded: the client's requests go now."""
+        client._blocked = False
+        self._send_outbox(client, server)
+        if not client._blocked:
+            client.carry_on()  # what it sent meanwhile
+
+    def parameters_failed(self, server: ServerConnection, client: ClientConnection,
+                          fields: dict[str, str]) -> None:
+        """The SET sent at link time failed: none of the client's requests ran; they would
+        have run under settings it did not ask for. As PgBouncer, the client is dropped with
+        the reason, and the server is closed."""
+        text = fields.get("M", "")
+        log.warning("%r: could not set the client's session parameters on %r: %s", client,
+                    server, text)
+        client.fail(PoolerError(f"could not set session parameters on the server: {text}",
+                                fields.get("C") or errors.PROTOCOL_VIOLATION))
+        server.close("session parameters could not be set")
+
+    def _send_outbox(self, client: ClientConnection, server: ServerConnection) -> None:
         data = client.take_outbox(server)
         if data:
             if pipeline.worth_extending(server):

@@ -111,6 +111,9 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.cancels_in_flight = 0
         self._setting: list[str] = []  # parameters a hidden SET in flight changes
         self._set_failed = False
+        self._set_error: dict[str, str] = {}
+        # The client whose requests wait for that SET's ReadyForQuery (pooler.link).
+        self.setting_for: ClientConnection | None = None
         # Clients whose transactions are queued on this server behind the linked client's,
         # in order (net/pipeline.py); their replies follow its ReadyForQuery.
         self.chain: deque[ClientConnection] = deque()
@@ -226,16 +229,20 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.hidden_syncs += 1
         self.send(m.query(sql))
 
-    def send_parameters(self, wanted: dict[str, str]) -> None:
-        """SET the parameters whose values differ from `wanted` (the linked client's).
+    def send_parameters(self, client: ClientConnection) -> None:
+        """SET the parameters whose values differ from the linked `client`'s. Its requests
+        wait for the reply (pooler.parameters_applied): if the SET fails, they must not run
+        under the wrong client_encoding or TimeZone.
 
         PostgreSQL sends a ParameterStatus only when a value changes: a SET of another
         spelling of the current value (client_encoding 'utf-8' for UTF8, DateStyle ISO for
         "ISO, MDY") changes nothing and says nothing. So once the SET has succeeded, the
         client's values become the server's, whichever way it went; else the next link would
         send the same SET again."""
+        wanted = client.params
         self._setting = [name for name, value in wanted.items() if self.params.get(name) != value]
         self._set_failed = False
+        self.setting_for = client
         self.send_hidden_query(set_statements(wanted, self.params))
 
     # --- login ----------------------------------------------------------------------------
@@ -530,11 +537,16 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             self.hidden_syncs -= 1
             if self._setting:
                 names, self._setting = self._setting, []
-                client = self.client
-                if client is not None and not self._set_failed:
-                    for name in names:
-                        if name in self.params:
-                            client.params_seen(name, self.params[name])
+                client, self.setting_for = self.setting_for, None
+                if client is None or client is not self.client:
+                    return  # it left meanwhile
+                if self._set_failed:
+                    self.pooler.parameters_failed(self, client, self._set_error)
+                    return
+                for name in names:
+                    if name in self.params:
+                        client.params_seen(name, self.params[name])
+                self.pooler.parameters_applied(self, client)
         elif kind == m.PARAMETER_STATUS:
             self._parameter_status(body)
         elif kind == m.COMMAND_COMPLETE:
@@ -542,6 +554,7 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         elif kind == m.ERROR_RESPONSE:
             self._set_failed = True
             fields = m.parse_error_fields(body)
+            self._set_error = fields
             log.warning("%r: pooler-issued query failed: %s %s", self, fields.get("C"),
                         fields.get("M"))
 

@@ -53,13 +53,20 @@ def covers(current: dict[str, str], wanted: dict[str, str]) -> bool:
 
 
 def quote_literal(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
+    """A string literal that reads the same whatever standard_conforming_strings says: an
+    E'' literal, with backslashes and quotes doubled."""
+    return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 def set_statements(wanted: dict[str, str], current: dict[str, str]) -> str:
-    """SQL that makes a server's `current` parameters match `wanted`; "" when they do."""
-    parts = []
-    for name, value in wanted.items():
-        if current.get(name) != value:
-            parts.append(f"SET {name} = {quote_literal(value)};")
-    return " ".join(parts)
+    """SQL that makes a server's `current` parameters match `wanted`; "" when they do.
+
+    `set_config(name, value, false)` rather than `SET name = 'value'`: SET takes a quoted
+    list value (search_path's `"$user", public`) as one element; set_config parses the
+    value as the ini or a startup packet would. Every value is a properly quoted literal."""
+    calls = [
+        f"pg_catalog.set_config({quote_literal(name)}, {quote_literal(value)}, false)"
+        for name, value in wanted.items()
+        if current.get(name) != value
+    ]
+    return f"SELECT {', '.join(calls)}" if calls else ""

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from tests.integration.app_client import CONNECT_TIMEOUT, connect
+from tests.integration.rawclient import RawClient
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -157,3 +158,44 @@ def test_unsupported_startup_parameter(pooler) -> None:
     p2 = pooler(ini_overrides={"ignore_startup_parameters": "options, extra_float_digits"})
     with connect(p2.dsn(), options="-c geqo=off") as conn:
         assert conn.execute("SELECT 1").fetchone()[0] == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_failed_hidden_set_runs_none_of_the_clients_requests(pooler, app_table) -> None:
+    """A client whose TimeZone the server refuses: the pooler's SET fails, and the client's
+    INSERT must not run under the server's own TimeZone. The client is dropped with the
+    reason; the table stays empty; the next client is served."""
+    p = pooler({"auth_type": "trust", "default_pool_size": "1"})
+    with RawClient(p.host, p.port) as bad:
+        login = bad.login("app", "app", TimeZone="Mars/Olympus_Mons")
+        assert login.error is None, login.error  # checked when it lands on a server
+        bad.query(f"INSERT INTO {app_table} VALUES (1)")
+        fields = bad.read_error_and_close()
+        assert fields["S"] == "FATAL"
+        assert "could not set session parameters" in fields["M"], fields
+        assert "Mars/Olympus_Mons" in fields["M"], fields
+    with RawClient(p.host, p.port) as good:
+        assert good.login("app", "app").error is None
+        rows, _, _ = good.simple_query(f"SELECT count(*) FROM {app_table}")
+        assert rows == [["0"]]
+
+
+@pytest.mark.timeout(30)
+def test_list_and_backslash_values_reach_the_server_as_sent(pooler) -> None:
+    """Tracked values are set with set_config and literals that survive a backslash: an
+    application_name with backslashes and quotes, and a list-valued tracked parameter
+    (search_path through track_extra_parameters), arrive intact (SET would have made the
+    list one quoted name)."""
+    p = pooler({"auth_type": "trust", "default_pool_size": "1",
+                "track_extra_parameters": "search_path"})
+    name = "odd \\ name 'quoted' \\"
+    with RawClient(p.host, p.port) as other, RawClient(p.host, p.port) as client:
+        assert other.login("app", "app").error is None
+        assert client.login("app", "app", application_name=name,
+                            search_path='"$user", public, pg_catalog').error is None
+        for _ in range(2):  # the two clients take turns on the one server
+            rows, _, _ = client.simple_query(
+                "SELECT current_setting('application_name'), current_setting('search_path')")
+            assert rows == [[name, '"$user", public, pg_catalog']]
+            rows, _, _ = other.simple_query("SELECT current_setting('application_name')")
+            assert rows == [[""]]

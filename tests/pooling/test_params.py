@@ -28,8 +28,19 @@ def test_different_encodings(client: str, server: str) -> None:
 def test_set_statements_only_for_differences() -> None:
     sql = set_statements({"TimeZone": "UTC", "application_name": "it's"},
                          {"TimeZone": "UTC", "application_name": "x"})
-    assert sql == "SET application_name = 'it''s';"
+    assert sql == "SELECT pg_catalog.set_config(E'application_name', E'it''s', false)"
     assert set_statements({"TimeZone": "UTC"}, {"TimeZone": "UTC"}) == ""
+
+
+def test_set_statements_quote_backslashes_and_keep_lists() -> None:
+    """A backslash cannot end the literal early whatever standard_conforming_strings says,
+    and a list value (search_path) stays a list: set_config parses it, SET would not."""
+    sql = set_statements({"application_name": "a\\'; DROP TABLE t; --",
+                          "search_path": '"$user", public'}, {})
+    assert sql == (
+        "SELECT pg_catalog.set_config(E'application_name', E'a\\\\''; DROP TABLE t; --', "
+        "false), pg_catalog.set_config(E'search_path', E'\"$user\", public', false)"
+    )
 
 
 def test_canonical_names() -> None:
