@@ -253,3 +253,79 @@ def test_libpq_asking_for_the_latest_protocol_falls_back_to_3_0(pooler: Callable
     with psycopg.connect(p.dsn() + "?max_protocol_version=latest", connect_timeout=5) as conn:
         assert conn.execute("SELECT 40 + 2").fetchone() == (42,)
         assert conn.pgconn.protocol_version == 3
+
+
+# --- a bounded fuzz run ---------------------------------------------------------------------
+
+
+def _login_corpus() -> list[bytes]:
+    """Valid openings of a login, for the fuzz run to mutate."""
+    startup = startup_packet({"user": APP, "database": "app"})
+    first = b"n,,n=,r=abcdefghijklmnop"
+    return [
+        startup,
+        startup + m.sasl_initial_response("SCRAM-SHA-256", first),
+        startup + m.sasl_initial_response("SCRAM-SHA-256", first)
+        + m.password_message(b"c=biws,r=abcdefghijklmnop,p=" + b"A" * 44),
+        startup + m.password_message(m.cstring(APP_PW)),
+        struct.pack("!II", 8, 80877103) + startup,  # SSLRequest first
+        struct.pack("!IIII", 16, 80877102, 1, 2),  # CancelRequest
+        startup_packet({"user": APP, "database": "app", "_pq_.x": "1"}, minor=2),
+    ]
+
+
+def _mutate(rng, data: bytes) -> bytes:  # type: ignore[no-untyped-def]
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(6)
+        pos = rng.randrange(len(out) + 1)
+        if op == 0 and out:  # flip a bit
+            i = rng.randrange(len(out))
+            out[i] ^= 1 << rng.randrange(8)
+        elif op == 1:  # insert random bytes
+            out[pos:pos] = rng.randbytes(rng.randint(1, 8))
+        elif op == 2 and out:  # delete a run
+            del out[pos : pos + rng.randint(1, 8)]
+        elif op == 3:  # truncate
+            del out[pos:]
+        elif op == 4 and len(out) >= pos + 4:  # a length field made interesting
+            out[pos : pos + 4] = struct.pack("!I", rng.choice(
+                [0, 3, 4, 7, 8, 9999, 10000, 10001, 65540, 65541, 1 << 30, 0xFFFFFFFF]))
+        else:  # a byte from the protocol's alphabet
+            if out:
+                out[rng.randrange(len(out))] = rng.choice(b"\x00\xff,=npQXSEaymr")
+    return bytes(out)
+
+
+def test_fuzzed_logins_leave_the_pooler_up_and_serving(pooler: Callable) -> None:
+    """A few thousand mutated logins in under ten seconds: the pooler answers or closes each,
+    never dies, never logs a traceback, and serves a normal client afterwards."""
+    import random
+    import socket
+    import time
+
+    p = pooler({"client_login_timeout": "2"})
+    rng = random.Random(20261201)  # reproducible: the same inputs every run
+    corpus = _login_corpus()
+    sent = 0
+    deadline = time.monotonic() + 7
+    while sent < 3000 and time.monotonic() < deadline:
+        data = _mutate(rng, rng.choice(corpus))
+        with socket.create_connection((p.host, p.port), timeout=2) as sock:
+            try:
+                sock.sendall(data)
+                if sent % 250 == 0:
+                    # Now and then wait for the answer: an error, a request, or a close.
+                    sock.settimeout(0.5)
+                    try:
+                        sock.recv(65536)
+                    except TimeoutError:
+                        pass
+            except OSError:
+                pass  # the pooler closed first: that is an answer too
+        sent += 1
+    assert sent >= 1000, f"only {sent} logins in the time"
+    assert p.proc.poll() is None, p.log()[-3000:]
+    still_serves(p)
+    log = p.log()
+    assert "Traceback" not in log and "Fatal error" not in log, log[-5000:]
