@@ -887,6 +887,11 @@ class Pooler:
                 ):
                     pool.stats.count_error("query_wait_timeout")
                     pool.waiting[0].fail(PoolerError("query_wait_timeout"))
+                # Clients at login waiting for the pool's first server wait for a server too.
+                for client in list(pool.awaiting_params):
+                    if now - client.state_since > cfg.query_wait_timeout:
+                        pool.stats.count_error("query_wait_timeout")
+                        client.fail(PoolerError("query_wait_timeout"))
             if cfg.query_wait_notify:
                 # PgBouncer 1.25: tell a client queued this long why its query has not run.
                 for client in pool.waiting:
@@ -895,11 +900,6 @@ class Pooler:
                     if not client.wait_notified and client.state is ClientState.WAITING:
                         client.wait_notified = True
                         client.write(m.notice_response(WAIT_NOTICE))
-                # Clients at login waiting for the pool's first server wait for a server too.
-                for client in list(pool.awaiting_params):
-                    if now - client.state_since > cfg.query_wait_timeout:
-                        pool.stats.count_error("query_wait_timeout")
-                        client.fail(PoolerError("query_wait_timeout"))
             user_entry = self.settings.users.get(pool.user)
             xact_timeout = (user_entry and user_entry.transaction_timeout) or (
                 cfg.transaction_timeout)

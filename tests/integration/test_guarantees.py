@@ -259,10 +259,6 @@ def test_query_wait_notify_zero_sends_no_notice(postgres, pooler) -> None:
     assert notices == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pypool/net/pooler.py janitor: the query_wait_timeout check of clients waiting at login "
-    "(pool.awaiting_params) moved under `if cfg.query_wait_notify:`, so with "
-    "query_wait_notify = 0 it never runs"))
 def test_query_wait_timeout_at_login_without_query_wait_notify(pooler) -> None:
     p = pooler(ini_overrides={"max_db_connections": "1", "query_wait_timeout": "1",
                               "query_wait_notify": "0"})
@@ -277,10 +273,6 @@ def test_query_wait_timeout_at_login_without_query_wait_notify(pooler) -> None:
         holder.execute("COMMIT")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pypool/net/pooler.py janitor: under `if cfg.query_wait_notify:` the login-wait check "
-    "compares against query_wait_timeout without testing it is set, so with "
-    "query_wait_timeout = 0 (off) a client waiting at login is failed at the next round"))
 def test_query_wait_timeout_zero_lets_a_login_wait_on(pooler) -> None:
     p = pooler(ini_overrides={"max_db_connections": "1", "query_wait_timeout": "0"})
     with connect(p.dsn()) as holder:
