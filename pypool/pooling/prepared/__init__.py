@@ -7,10 +7,18 @@ messages and server replies as bytes and returns bytes and verdicts. It never to
 socket and never imports asyncio: `net/client.py` and `net/server.py` are the glue.
 docs/prepared-statements.md tells the same story for operators.
 
-  registry.py  Statement, the pooler-wide Registry, each client's ClientStatements
-  requests.py  the request queue's vocabulary: waits, undo operations, verdicts, messages
-  sql.py       recognising SQL-level PREPARE / EXECUTE / DEALLOCATE / DISCARD queries
-  rewriter.py  ServerStatements: one server's statements, the rewriting, the reply queue
+  registry.py       Statement, the pooler-wide Registry, each client's ClientStatements
+  requests.py       the request queue's vocabulary: waits, undo operations, verdicts, messages
+  request_queue.py  RequestQueue: the requests outstanding on a server, matched to replies
+  cache.py          ServerCache: the per-server LRU of Statements, and distrusting it
+  sql.py            SqlNames: SQL-level PREPARE / EXECUTE / DEALLOCATE / DISCARD, recognised
+                    in a Query, and the names a server has prepared that way
+  rewriter.py       ServerStatements: the rewriting of the client's messages for a server
+
+ServerStatements, the one class the glue holds per server, is built in layers, one a module:
+ServerStatements(SqlNames(ServerCache(RequestQueue))). A lower layer leaves what a settled
+request means to the ones above (`_settled`, `_command_tag`, `distrust`), and single
+inheritance keeps every attribute one field access away, compiled.
 
 Theory of operation
 -------------------
