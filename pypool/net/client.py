@@ -626,6 +626,11 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self.admin.received(data)
             return
         self._outbox.append(data)
+        self._outbox_size += len(data)
+        if self._outbox_size > OUTBOX_HIGH_WATER:
+            # Waiting for a server with this much to send: stop reading until linked, as a
+            # socket buffer would fill.
+            self.pause_reading()
         if self.state is ClientState.IDLE:
             self.pooler.request_server(self)
 
@@ -635,6 +640,11 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         outbox = self._outbox
         segment, bind_end = self._outbox_segment
         self._outbox_segment = (b"", 0)
+        if self._outbox_size > OUTBOX_HIGH_WATER and self._reading_paused and (
+            server is None or not server.writing_paused
+        ):
+            self.resume_reading()
+        self._outbox_size = 0
         if len(outbox) == 1:
             data = outbox[0]
             if data is not segment:
@@ -754,6 +764,10 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self.server.close("transaction still open where the pipeline expected none")
         elif mode == "statement":
             self.fail(PoolerError("transaction blocks not allowed in statement pooling mode"))
+
+
+# What a client without a server may have sent before its reads are paused (bytes).
+OUTBOX_HIGH_WATER: Final = 1 << 20
 
 
 def _table(*kinds: int, value: int = 1) -> tuple[int, ...]:

@@ -171,6 +171,8 @@ def hand_on(pooler: Pooler, server: ServerConnection, now: float) -> None:
     client.link_time = now
     client.query_start = now
     server.request_time = now
+    if client.writing_paused:
+        server.pause_reading()
     # Top the line up again, so the server never runs dry while clients wait.
     if worth_extending(server):
         extend(pooler, server)

@@ -668,6 +668,7 @@ class Pooler:
         client.link_time = now
         server.request_time = now
         pool.stats.server_assignment_count += 1
+        carry_back_pressure(client, server)
         if not covers(server.params, client.params):
             # What the client sent waits for the SET's reply (parameters_applied).
             server.send_parameters(client)
@@ -973,6 +974,15 @@ class Pooler:
             averages = self.stats_periods.refresh(list(self.pools.values()), self.now())
             if self.settings.pooler.log_stats:
                 log.info("%s", stats_line(averages))
+
+
+def carry_back_pressure(client: ClientConnection, server: ServerConnection) -> None:
+    """A new link inherits the pauses its two sides are in: a client still above its write
+    high-water mark gets a server whose reading is paused, and the other way round."""
+    if client.writing_paused:
+        server.pause_reading()
+    if server.writing_paused:
+        client.pause_reading()
 
 
 def _server_side(entry: DatabaseEntry) -> tuple[object, ...]:

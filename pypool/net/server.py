@@ -133,6 +133,7 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self._skip = 0
         self._partial = b""
         self._reading_paused = False
+        self.writing_paused = False  # our socket to PostgreSQL is above its high-water mark
         # Requests queued by `send_soon`, written together when this round of the event loop
         # has read everything that was ready.
         self._deferred: list[bytes] = []
@@ -177,10 +178,12 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.pooler.server_closed(self, self.close_reason or "server closed the connection")
 
     def pause_writing(self) -> None:
+        self.writing_paused = True
         if self.client is not None:
             self.client.pause_reading()
 
     def resume_writing(self) -> None:
+        self.writing_paused = False
         if self.client is not None:
             self.client.resume_reading()
 
