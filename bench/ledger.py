@@ -55,6 +55,7 @@ import enum
 import os
 import random
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -376,6 +377,10 @@ class Run:
     def over(self) -> bool:
         return time.monotonic() >= self.deadline
 
+    def stop(self) -> None:
+        """End the run now: clients finish the transfer they are in, injectors stop."""
+        self.deadline = time.monotonic()
+
     def new_transfer(self) -> Transfer:
         from_id, to_id = self.rng.sample(range(self.cfg.accounts), 2)
         return Transfer(str(uuid.uuid4()), from_id, to_id, self.rng.randint(1, 100))
@@ -408,7 +413,7 @@ async def _client_loop(run: Run, n: int, dsn: str) -> None:
                     )
                 except Exception as exc:  # noqa: BLE001 - counted; PostgreSQL may be down
                     run.tally.connect_failures += 1
-                    run.tally.connect_errors[f"{type(exc).__name__}: {exc}"[:160]] += 1
+                    run.tally.connect_errors[f"{type(exc).__name__}: {exc}"[:120]] += 1
                     await asyncio.sleep(0.1)
                     continue
             attempt = Attempt(run.new_transfer(), kind.driver)
@@ -507,11 +512,16 @@ async def run_ledger(
     admin_dsn: str,
     dbname: str,
     restart: Callable[[RestartMode], None] | None = None,
+    stop_on_signal: bool = False,
 ) -> Tally:
     """Run `cfg.clients` clients through `pooler_dsn` (the ledger database) for
     `cfg.duration` seconds with the faults switched on. `admin_dsn` reaches PostgreSQL
-    directly as a superuser (any database but the ledger's); `restart(mode)` restarts it."""
+    directly as a superuser (any database but the ledger's); `restart(mode)` restarts it.
+    With `stop_on_signal`, SIGINT and SIGTERM end the run early, as if its time was up."""
     run = Run(cfg)
+    if stop_on_signal:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, run.stop)
     started = time.monotonic()
     injectors = [
         asyncio.create_task(_schedule_kills(run)),
@@ -727,11 +737,9 @@ def summary(name: str, tally: Tally, verdict: Verdict, verbose: bool = False) ->
         "errors seen: " + (", ".join(f"{k} {n}" for k, n in errors.most_common(6)) or "none"),
     ]
     if verbose:
-        lines.append("distinct errors:")
-        lines += [
-            f"  {n:5d} x {text}"
-            for text, n in Counter(a.error for a in tally.attempts if a.error).most_common(20)
-        ]
+        lines.append("distinct errors (first lines):")
+        firsts = Counter(a.error.splitlines()[0] for a in tally.attempts if a.error)
+        lines += [f"  {n:5d} x {text}" for text, n in firsts.most_common(20)]
         lines += [f"  {n:5d} x connect: {text}" for text, n in tally.connect_errors.most_common(10)]
     broken = verdict.broken()
     lines.append("invariants: all held" if not broken else "invariants BROKEN:")
@@ -823,12 +831,22 @@ def main() -> int:
         default="pypool",
         help="pypool, pgbouncer (/usr/sbin/pgbouncer), or both: pypool,pgbouncer",
     )
+    parser.add_argument(
+        "--no-prepared",
+        action="store_true",
+        help="no named prepared statements for pypool either (PgBouncer 1.18 never gets them)",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--verbose", action="store_true", help="list the distinct errors")
     args = parser.parse_args()
 
     sys.path.insert(0, str(REPO))
     from pypool.embedded import EmbeddedPostgres
+
+    # Outside a run (which stops early and is checked), SIGTERM or SIGHUP leave through
+    # the finally blocks, which stop the pooler and the cluster and remove their folders.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
 
     pg = EmbeddedPostgres()
     pg.start()
@@ -844,7 +862,7 @@ def main() -> int:
                 accounts=args.accounts,
                 drivers=tuple(args.drivers.split(",")),
                 # PgBouncer before 1.21 cannot keep prepared statements in transaction mode
-                prepared=kind == "pypool",
+                prepared=kind == "pypool" and not args.no_prepared,
                 terminate_every=args.terminate_every,
                 kill_every=args.kill_every,
                 restarts=args.restarts,
@@ -863,6 +881,7 @@ def main() -> int:
                         pg.dsn(),
                         dbname,
                         restart=lambda mode: pg.restart(mode, keep_commits=False),
+                        stop_on_signal=True,
                     )
                 )
                 # A pooler gets a moment to roll back after its last clients left.
