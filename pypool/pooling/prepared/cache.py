@@ -26,6 +26,10 @@ from .requests import (
     OP_PARSE,
     OP_PARSE_HIT,
     OP_STALE,
+    R_NAME,
+    R_OP,
+    R_STMT,
+    R_WAIT,
     W_CLOSE,
     W_PARSE,
     Request,
@@ -118,9 +122,9 @@ class ServerCache(RequestQueue):
         return out
 
     def _settled(self, request: Request, ok: bool) -> None:
-        op = request[2]
-        stmt = request[3]
-        name = request[4]
+        op = request[R_OP]
+        stmt = request[R_STMT]
+        name = request[R_NAME]
         if op == OP_PARSE or op == OP_INJECT or op == OP_PARSE_HIT:
             assert stmt is not None
             if ok:
@@ -155,7 +159,7 @@ class ServerCache(RequestQueue):
                 assert stmt is not None
                 self.stale.add(stmt)  # skipped: the server may still have it
         elif op == OP_NAMED:
-            if ok and request[0] == W_PARSE and stmt is not None:
+            if ok and request[R_WAIT] == W_PARSE and stmt is not None:
                 # A duplicate Parse, sent under the name of a statement the server should
                 # have, succeeded: the server had lost it, and now has another text under
                 # its name. Close that before it is parsed here again.
@@ -187,7 +191,7 @@ class ServerCache(RequestQueue):
                 release(stmt)
             client.names.clear()
         for request in self.queue:
-            op, queued, name = request[2], request[3], request[4]
+            op, queued, name = request[R_OP], request[R_STMT], request[R_NAME]
             if queued is None or op not in (OP_PARSE, OP_PARSE_HIT, OP_INJECT):
                 continue
             if op != OP_PARSE_HIT and queued not in self.lru:
@@ -204,8 +208,8 @@ class ServerCache(RequestQueue):
             release(stmt)
         self.lru.clear()
         for request in self.queue:
-            if request[2] in (OP_EVICT, OP_CLOSE) and request[3] is not None:
-                release(request[3])
+            if request[R_OP] in (OP_EVICT, OP_CLOSE) and request[R_STMT] is not None:
+                release(request[R_STMT])
         self.queue.clear()
         self.readies_queued = self.readies_done = 0
         self.tracking = 0

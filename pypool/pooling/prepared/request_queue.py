@@ -29,6 +29,13 @@ from .requests import (
     OP_SQL,
     PLAIN_QUERY,
     PLAIN_SYNC,
+    R_NAME,
+    R_OP,
+    R_PAYLOAD,
+    R_SEGMENT,
+    R_STMT,
+    R_SWALLOW,
+    R_WAIT,
     READY,
     REPLACE,
     SWALLOW,
@@ -61,7 +68,7 @@ class RequestQueue:
         self.segment = 0  # Syncs queued so far
         # The transaction status of the last ReadyForQuery, and the requests queued and done
         # that end with one: while they differ, the status further on is not known yet.
-        self.tx_status = 73  # "I"
+        self.tx_status = m.TX_IDLE
         self.readies_queued = 0
         self.readies_done = 0
         # A server error came before the client's Sync: the server skips the client's
@@ -100,21 +107,21 @@ class RequestQueue:
         queue = self.queue
         queue.append(request)
         self.open_count += 1
-        wait = request[0]
+        wait = request[R_WAIT]
         if wait >= W_SYNC:
             self.readies_queued += 1
-        op = request[2]
+        op = request[R_OP]
         if op:
             if op in UNDOABLE:
-                segment = request[5]
+                segment = request[R_SEGMENT]
                 self.undoable[segment] = self.undoable.get(segment, 0) + 1
             if op != OP_NAMED:
                 self.open_fine = True
             elif wait < W_SYNC:
-                stmt, name = request[3], request[4]
+                stmt, name = request[R_STMT], request[R_NAME]
                 assert stmt is not None and name is not None
                 self.open_renames.append((stmt, name))
-        if request[1] or wait == W_SYNTHETIC or wait >= W_SYNC:
+        if request[R_SWALLOW] or wait == W_SYNTHETIC or wait >= W_SYNC:
             self.open_fine = True
         if len(queue) == 1:
             self._retrack()
@@ -131,7 +138,7 @@ class RequestQueue:
         """Whether the server will not be in a failed transaction when it reaches what is
         queued next: no ReadyForQuery is owed before it and the last one was not "E". (An
         error in between makes the server skip it altogether.)"""
-        return self.readies_queued == self.readies_done and self.tx_status != 69
+        return self.readies_queued == self.readies_done and self.tx_status != m.TX_FAILED
 
     def _retrack(self) -> None:
         queue = self.queue
@@ -139,9 +146,9 @@ class RequestQueue:
             self.tracking = 0
             return
         head = queue[0]
-        if head == PLAIN_QUERY or head == PLAIN_SYNC or head[2] == OP_RENAME:
+        if head == PLAIN_QUERY or head == PLAIN_SYNC or head[R_OP] == OP_RENAME:
             self.tracking = 0
-        elif head[0] == W_SYNTHETIC:
+        elif head[R_WAIT] == W_SYNTHETIC:
             self.tracking = 2
         else:
             self.tracking = 1
@@ -154,53 +161,53 @@ class RequestQueue:
         follow it are left in `to_client`."""
         queue = self.queue
         if not queue:
-            return READY if kind == 90 else FORWARD
+            return READY if kind == m.READY_FOR_QUERY else FORWARD
         head = queue[0]
-        wait = head[0]
+        wait = head[R_WAIT]
         if wait >= W_SYNC:
-            if kind == 90:  # Z
+            if kind == m.READY_FOR_QUERY:
                 queue.popleft()
                 self.readies_done += 1
                 self.tx_status = body[0]
-                if head[2]:
+                if head[R_OP]:
                     self._settle(head, True)
                 self._advance()
-                return SWALLOW if head[1] else READY
-            if kind == 67:  # C
-                if head[2] == OP_SQL:
-                    head[6].tags += 1
+                return SWALLOW if head[R_SWALLOW] else READY
+            if kind == m.COMMAND_COMPLETE:
+                if head[R_OP] == OP_SQL:
+                    head[R_PAYLOAD].tags += 1
                 self._command_tag(body)
-            elif kind == 69:  # E
-                if head[2] == OP_SQL or head[2] == OP_NAMED:
-                    if head[2] == OP_SQL:
-                        head[6].failed = True
-                    if head[3] is not None:
+            elif kind == m.ERROR_RESPONSE:
+                if head[R_OP] == OP_SQL or head[R_OP] == OP_NAMED:
+                    if head[R_OP] == OP_SQL:
+                        head[R_PAYLOAD].failed = True
+                    if head[R_STMT] is not None:
                         return self._rename_error(body, head)
-                elif head[2] == OP_HIDDEN:
+                elif head[R_OP] == OP_HIDDEN:
                     # Undone now; settled (done with) at its ReadyForQuery, like the rest.
                     self._undo_hidden(head)
                     fields = m.parse_error_fields(body)
                     log.warning("pooler-issued statement failed: %s %s", fields.get("C"),
                                 fields.get("M"))
-            return SWALLOW if head[1] else FORWARD
+            return SWALLOW if head[R_SWALLOW] else FORWARD
         assert wait != W_SYNTHETIC, "emit_synthetic() comes first while tracking == 2"
-        if kind == 69:  # E: the head failed, the server skips to the next Sync
+        if kind == m.ERROR_RESPONSE:  # the head failed, the server skips to the next Sync
             verdict = FORWARD
-            if head[2] == OP_NAMED:
+            if head[R_OP] == OP_NAMED:
                 verdict = self._rename_error(body, head)
-            elif head[2] == OP_FAIL:
-                self.replacement = head[6]
+            elif head[R_OP] == OP_FAIL:
+                self.replacement = head[R_PAYLOAD]
                 verdict = REPLACE
             self._skip_to_sync()
             return verdict
         if COMPLETES[kind] == wait:
             queue.popleft()
-            if head[2]:
+            if head[R_OP]:
                 self._settle(head, True)
-            if kind == 67:
+            if kind == m.COMMAND_COMPLETE:
                 self._command_tag(body)
             self._advance()
-            return SWALLOW if head[1] else FORWARD
+            return SWALLOW if head[R_SWALLOW] else FORWARD
         return FORWARD  # DataRow, ParameterDescription, NoticeResponse, Copy*, ...
 
     def pop_ready(self, status: int) -> None:
@@ -217,10 +224,10 @@ class RequestQueue:
         """Answer the requests at the head that the pooler answers itself."""
         queue = self.queue
         out = []
-        while queue and queue[0][0] == W_SYNTHETIC:
+        while queue and queue[0][R_WAIT] == W_SYNTHETIC:
             request = queue.popleft()
-            out.append(request[6])
-            if request[2]:
+            out.append(request[R_PAYLOAD])
+            if request[R_OP]:
                 self._settle(request, True)
         self._retrack()
         return b"".join(out)
@@ -229,9 +236,9 @@ class RequestQueue:
         """An ErrorResponse on the hot path while a folded segment is at the head (see
         `_sync`): the message with the client's statement name, or None if unchanged."""
         queue = self.queue
-        if not queue or queue[0][2] != OP_RENAME:
+        if not queue or queue[0][R_OP] != OP_RENAME:
             return None
-        for stmt, name in queue[0][6]:
+        for stmt, name in queue[0][R_PAYLOAD]:
             ours = b'"' + stmt.name + b'"'
             if ours in body:
                 if NO_SUCH_STATEMENT in body:
@@ -248,7 +255,7 @@ class RequestQueue:
 
     def _advance(self) -> None:
         queue = self.queue
-        if queue and queue[0][0] == W_SYNTHETIC:
+        if queue and queue[0][R_WAIT] == W_SYNTHETIC:
             self.to_client.append(self.emit_synthetic())
         else:
             self._retrack()
@@ -256,21 +263,21 @@ class RequestQueue:
     def _skip_to_sync(self) -> None:
         queue = self.queue
         skipped = []
-        while queue and queue[0][0] != W_SYNC:
+        while queue and queue[0][R_WAIT] != W_SYNC:
             request = queue.popleft()
-            if request[0] >= W_SYNC:
+            if request[R_WAIT] >= W_SYNC:
                 self.readies_done += 1  # a Query after the error: skipped, no ReadyForQuery
             skipped.append(request)
         if not queue:
             self.discarding = True  # the client's Sync is still to come
         for request in reversed(skipped):
-            if request[2]:
+            if request[R_OP]:
                 self._settle(request, False)
         self._retrack()
 
     def _rename_error(self, body: bytes, request: Request) -> int:
         """A Bind or Describe failed naming our statement: name the client's instead."""
-        stmt, name = request[3], request[4]
+        stmt, name = request[R_STMT], request[R_NAME]
         assert stmt is not None and name is not None
         ours = b'"' + stmt.name + b'"'
         if ours not in body:
@@ -286,9 +293,9 @@ class RequestQueue:
     def _settle(self, request: Request, ok: bool) -> None:
         """A request completed (ok) or was skipped after an error: its undo is no longer
         pending, and the layer that owns its operation applies or undoes it."""
-        op = request[2]
+        op = request[R_OP]
         if op in UNDOABLE:
-            segment = request[5]
+            segment = request[R_SEGMENT]
             left = self.undoable[segment] - 1
             if left:
                 self.undoable[segment] = left

@@ -68,6 +68,10 @@ if TYPE_CHECKING:
 _DESCRIBE_EXECUTE_SYNC: Final = m.describe_portal() + m.execute() + m.sync()
 _EXECUTE_SYNC: Final = m.execute() + m.sync()
 
+# What a Describe or Close is of: a prepared statement, or a portal.
+_STATEMENT: Final = ord("S")
+_PORTAL: Final = ord("P")
+
 
 def _renamed_bind(data: bytes, pos: int, portal_end: int, name_end: int, end: int,
                   stmt: Statement) -> bytes:
@@ -82,7 +86,7 @@ def _renamed_bind(data: bytes, pos: int, portal_end: int, name_end: int, end: in
 def driver_segment(data: bytes) -> int:
     """If `data` is exactly Bind, [Describe portal,] Execute, Sync of the unnamed portal (the
     steady state of libpq-style drivers), the end of the Bind; else 0."""
-    if data[0] != 66 or len(data) < 20:  # B
+    if data[0] != m.BIND or len(data) < 20:
         return 0
     bind_end = 1 + int.from_bytes(data[1:5], "big")
     tail = len(data) - bind_end
@@ -155,10 +159,10 @@ class ServerStatements(SqlNames):
         Only Parse, Bind, Describe and Close (and Query, for the SQL-level commands) need
         the whole message; for the others `end` may lie beyond the data."""
         if self.discarding:
-            if kind != 83:  # S
+            if kind != m.SYNC:
                 return b""
             self.discarding = False
-        if kind == 81 and data[pos + 5] not in SQL_FIRST:  # Q: the simple protocol's hot path
+        if kind == m.QUERY and data[pos + 5] not in SQL_FIRST:  # the simple protocol's hot path
             self.open_neutral = False
             # Looked at only if the pooler asks (`neutral_tail`): most Queries never are.
             self.last_neutral = None
@@ -171,9 +175,9 @@ class ServerStatements(SqlNames):
             return None
         # The unnamed statement and portals, Execute: queued as they are (`_push`, inlined:
         # the hot path of every driver).
-        if kind == 69:  # E
+        if kind == m.EXECUTE:
             plain = PLAIN_EXECUTE
-        elif kind == 66:  # B
+        elif kind == m.BIND:
             if data[pos + 5] or data[pos + 6]:
                 return self._bind(data, pos, end)
             if not self.unnamed_neutral:
@@ -181,10 +185,10 @@ class ServerStatements(SqlNames):
                 if self.unnamed_touches:
                     self._touching()
             plain = PLAIN_BIND
-        elif kind == 83:  # S
+        elif kind == m.SYNC:
             self._sync()
             return None
-        elif kind == 80:  # P
+        elif kind == m.PARSE:
             if data[pos + 5]:
                 self.open_neutral = False
                 return self._parse(data, pos, end)
@@ -193,8 +197,8 @@ class ServerStatements(SqlNames):
             neutral = self.unnamed_neutral = neutral_text(data, pos + 6)
             self.unnamed_touches = not neutral and touches_text(data, pos + 6, end)
             plain = PLAIN_PARSE
-        elif kind == 68:  # D
-            if data[pos + 5] != 80:  # "P"
+        elif kind == m.DESCRIBE:
+            if data[pos + 5] != _PORTAL:
                 return self._describe(data, pos, end)
             plain = PLAIN_DESCRIBE
         else:
@@ -250,18 +254,18 @@ class ServerStatements(SqlNames):
         return _renamed_bind(data, 0, portal_end, name_end, bind_end, stmt) + data[bind_end:]
 
     def _other(self, kind: int, data: bytes, pos: int, end: int) -> bytes | Wait | None:
-        if kind != 72:  # anything but Flush
+        if kind != m.FLUSH:
             self.open_neutral = False
-        if kind == 81 or kind == 70:  # Q, F
+        if kind == m.QUERY or kind == m.FUNCTION_CALL:
             self.last_neutral = False
-        if kind == 67:  # C
+        if kind == m.CLOSE:
             return self._close(data, pos, end)
-        if kind == 81:  # Q
+        if kind == m.QUERY:
             if data[pos + 5] in SQL_FIRST:
                 return self._query(data, pos, end)
             self._push(PLAIN_QUERY)
             return None
-        if kind == 70:  # F
+        if kind == m.FUNCTION_CALL:
             self._push(PLAIN_QUERY)
         return None  # Flush, CopyData, CopyDone, CopyFail: no reply of their own
 
@@ -415,7 +419,7 @@ class ServerStatements(SqlNames):
         return out + _renamed_bind(data, pos, portal_end, name_end, end, stmt)
 
     def _describe(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
-        if data[pos + 5] != 83 or end - pos <= 7:  # a portal, or the unnamed statement
+        if data[pos + 5] != _STATEMENT or end - pos <= 7:  # a portal, or the unnamed one
             self._push(PLAIN_DESCRIBE)
             return None
         if self.undoable and self._must_wait():
@@ -436,7 +440,7 @@ class ServerStatements(SqlNames):
         return out + b"D" + (len(server_name) + 6).to_bytes(4, "big") + b"S" + server_name + b"\0"
 
     def _close(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
-        if data[pos + 5] != 83 or end - pos <= 7:  # a portal, or the unnamed statement
+        if data[pos + 5] != _STATEMENT or end - pos <= 7:  # a portal, or the unnamed one
             self._push(PLAIN_CLOSE)
             return None
         if self.undoable and self._must_wait():

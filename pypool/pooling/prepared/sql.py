@@ -30,6 +30,10 @@ from .requests import (
     OP_NONE,
     OP_SQL,
     PLAIN_QUERY,
+    R_NAME,
+    R_OP,
+    R_PAYLOAD,
+    R_WAIT,
     UNSURE,
     W_CLOSE,
     W_READY,
@@ -167,7 +171,7 @@ class SqlNames(ServerCache):
             elif self.readies_queued != self.readies_done:
                 self.blocked = True  # a Parse would fail if the transaction fails first
                 return WAIT
-            elif self.tx_status != 69:  # in a failed transaction the query fails anyway
+            elif self.tx_status != m.TX_FAILED:  # in a failed transaction the query fails anyway
                 # A failed Parse would make the server skip the Query too, and the client
                 # would wait for its ReadyForQuery forever: end the Parse with a Sync.
                 out = self._inject(stmt) + m.sync()
@@ -208,7 +212,7 @@ class SqlNames(ServerCache):
         open (an extended request queued last), so then the DEALLOCATE, whose error is
         swallowed."""
         queue = self.queue
-        if self.sql.get(name) != UNSURE or (queue and queue[-1][0] < W_SYNC):
+        if self.sql.get(name) != UNSURE or (queue and queue[-1][R_WAIT] < W_SYNC):
             return self._hidden(b"DEALLOCATE " + quote_ident(name), name, None)
         del self.sql[name]
         self._push((W_CLOSE, True, OP_NONE, None, None, self.segment, None))
@@ -219,10 +223,10 @@ class SqlNames(ServerCache):
     def _undo_hidden(self, request: Request) -> None:
         """A pooler-issued PREPARE or DEALLOCATE failed or was skipped: the server's names
         are as they were."""
-        name = request[4]
+        name = request[R_NAME]
         if name is None:
             return
-        prepared, before = request[6]
+        prepared, before = request[R_PAYLOAD]
         if before is None:
             self.sql.pop(name, None)
         elif self.sql.get(name) in (prepared, None):
@@ -230,7 +234,7 @@ class SqlNames(ServerCache):
 
     def _sql_done(self, request: Request) -> None:
         """A client's PREPARE or DEALLOCATE query completed: apply it if it succeeded."""
-        command: SqlCommand = request[6]
+        command: SqlCommand = request[R_PAYLOAD]
         client = self.client
         if not command.tags or client is None:
             return  # the command itself failed: nothing changed
@@ -260,13 +264,13 @@ class SqlNames(ServerCache):
             self.clear()
         elif body.startswith(b"DEALLOCATE\x00"):
             queue = self.queue
-            op = queue[0][2] if queue else OP_NONE
+            op = queue[0][R_OP] if queue else OP_NONE
             if op != OP_SQL and op != OP_HIDDEN:
                 # Not one the pooler follows (`SELECT 1; DEALLOCATE x`): which one is unknown.
                 self.distrust("an untracked DEALLOCATE ran")
 
     def _settled(self, request: Request, ok: bool) -> None:
-        op = request[2]
+        op = request[R_OP]
         if op == OP_SQL:
             if ok:
                 self._sql_done(request)
