@@ -190,8 +190,8 @@ def test_protocol_3_1_gets_negotiate_protocol_version(pooler: Callable) -> None:
         assert first is not None
         kind, body = first
         assert kind == m.NEGOTIATE_PROTOCOL_VERSION
-        minor, count = struct.unpack_from("!II", body)
-        assert (minor, count) == (0, 1)
+        newest, count = struct.unpack_from("!II", body)
+        assert (newest, count) == (0x00030000, 1)  # 3.0, as PostgreSQL spells it
         assert body[8:] == b"_pq_.something\x00"
         messages = raw.read_until(m.READY_FOR_QUERY)
         kinds = [k for k, _ in messages]
