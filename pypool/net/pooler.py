@@ -224,6 +224,8 @@ class Pooler:
         self.shutting_down = how
         for listener in self.listeners:
             listener.close()
+        if self.settings.pooler.shutdown_timeout:
+            self.loop.call_later(self.settings.pooler.shutdown_timeout, self._exit)
         if how == "SIGINT":
             for client in list(self.clients):
                 if client.server is None:
@@ -464,6 +466,10 @@ class Pooler:
         for client in waiting_for_params:
             if client.state is ClientState.WELCOME:
                 client.welcome(pool.server_params)
+        entry = self.settings.database(pool.database) or self.retired.get(pool.database)
+        if entry is not None and entry.connect_query:
+            # Before any client: its replies are hidden, the first client's requests follow.
+            server.send_hidden_query(entry.connect_query)
         self.server_available(server)
 
     def server_closed(self, server: ServerConnection, reason: str) -> None:
@@ -476,6 +482,10 @@ class Pooler:
         server.statements.close()
         self.servers_per_db[pool.database] = self.servers_per_db.get(pool.database, 1) - 1
         self.servers_per_user[pool.user] = self.servers_per_user.get(pool.user, 1) - 1
+        if server.checking and server.client is not None:
+            # It died under server_check_query, before any of its client's requests.
+            server.checking = False
+            self.check_failed(server, server.client, reason)
         line = [server.client, *server.chain]
         server.client = None
         server.chain.clear()
@@ -559,6 +569,10 @@ class Pooler:
             raise PoolerError(f'database "{client.database}" is disabled')
         client.pool = pool
         pool.clients.add(client)
+        if self.settings.pooler.application_name_add_host:
+            # As PgBouncer: the peer's address after the name, set once, at login.
+            name = client.params.get("application_name") or "app"
+            client.params["application_name"] = f"{name} - {client.peer[0]}:{client.peer[1]}"
         self.cancel_keys[key] = client
         failing = self.login_failing(pool)
         if failing is not None:
@@ -656,6 +670,10 @@ class Pooler:
     def link(self, client: ClientConnection, server: ServerConnection) -> None:
         pool = server.pool
         now = self.now()
+        cfg = self.settings.pooler
+        # server_check_query: a server free for server_check_delay is checked before use.
+        check = cfg.server_check_query if cfg.server_check_query and (
+            now - server.request_time >= cfg.server_check_delay) else ""
         if client.state is ClientState.WAITING:
             pool.stats.wait_time_us += int((now - client.wait_start) * 1e6)
             pool.stats.wait_histogram.observe(now - client.wait_start)
@@ -669,10 +687,11 @@ class Pooler:
         server.request_time = now
         pool.stats.server_assignment_count += 1
         carry_back_pressure(client, server)
-        if not covers(server.params, client.params):
-            # What the client sent waits for the SET's reply (parameters_applied).
-            server.send_parameters(client)
+        if check or not covers(server.params, client.params):
+            # What the client sent waits for the check's and the SET's replies
+            # (parameters_applied, check_failed, parameters_failed).
             client._blocked = True
+            server.prepare_for(client, check)
             return
         self._send_outbox(client, server)
 
@@ -682,6 +701,22 @@ class Pooler:
         self._send_outbox(client, server)
         if not client._blocked:
             client.carry_on()  # what it sent meanwhile
+
+    def check_failed(self, server: ServerConnection, client: ClientConnection | None,
+                     why: str) -> None:
+        """server_check_query failed or the server died under it: the server goes, and the
+        client (none of whose requests were sent) asks for another."""
+        log.warning("%r: server_check_query failed: %s", server, why)
+        server.pool.stats.count_error("server_check_failed")
+        if client is not None and server.client is client:
+            server.client = None
+            client.server = None
+            client._blocked = False
+            client.set_state(ClientState.IDLE)
+            server.close(f"server_check_query failed: {why}")
+            self.request_server(client)
+        else:
+            server.close(f"server_check_query failed: {why}")
 
     def parameters_failed(self, server: ServerConnection, client: ClientConnection,
                           fields: dict[str, str]) -> None:
@@ -745,6 +780,7 @@ class Pooler:
             if server.chain:
                 pipeline.hand_on(self, server, now)
             elif server.statements.detach():
+                self._reset_always(server)
                 self.server_available(server)
             else:
                 server.close("prepared-statement replies out of step")
@@ -755,6 +791,7 @@ class Pooler:
         if server.chain:
             pipeline.hand_on(self, server, now)
         elif server.statements.detach():
+            self._reset_always(server)
             self.server_available(server)
         else:
             # Never expected: a request of the client's still waits for its reply, which
@@ -765,6 +802,13 @@ class Pooler:
             client.fail(PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN))
         elif client._blocked:
             client.resume_rewriting()  # what it sent meanwhile goes to its next server
+
+    def _reset_always(self, server: ServerConnection) -> None:
+        """server_reset_query_always: the reset query after every transaction, in every
+        pool mode (its replies are hidden; the next client's requests queue behind it)."""
+        cfg = self.settings.pooler
+        if cfg.server_reset_query_always and cfg.server_reset_query:
+            server.send_hidden_query(cfg.server_reset_query)
 
     def server_available(self, server: ServerConnection) -> None:
         """A server with no client: hand it to the first waiting client, or keep it idle."""
@@ -785,12 +829,12 @@ class Pooler:
                 return
         if server.state is not ServerState.IDLE:
             server.set_state(ServerState.IDLE)
+        server.request_time = now  # free since now (server_check_delay counts from here)
         if not pool.paused:
             while (client := pool.dequeue()) is not None:
                 if client.state is ClientState.WAITING:
                     self.link(client, server)
                     return
-        server.request_time = now
         pool.put_idle(server)
 
     def _close_reason(self, server: ServerConnection, now: float) -> str:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Final
 from ..auth.md5 import md5_response_from_secret
 from ..auth.scram import MECHANISM, ScramAuthError, ScramClientLogin
 from ..pooling import prepared
-from ..pooling.params import set_statements
+from ..pooling.params import covers, set_statements
 from ..protocol import messages as m
 from ..protocol.framing import MessageBuffer
 from .flow_control import ReadingSwitch
@@ -112,8 +112,10 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self._setting: list[str] = []  # parameters a hidden SET in flight changes
         self._set_failed = False
         self._set_error: dict[str, str] = {}
-        # The client whose requests wait for that SET's ReadyForQuery (pooler.link).
+        # The client whose requests wait for that SET's ReadyForQuery (pooler.link), and
+        # whether server_check_query's reply comes first.
         self.setting_for: ClientConnection | None = None
+        self.checking = False
         # Clients whose transactions are queued on this server behind the linked client's,
         # in order (net/pipeline.py); their replies follow its ReadyForQuery.
         self.chain: deque[ClientConnection] = deque()
@@ -231,6 +233,18 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         """Send a query whose replies the client must not see."""
         self.hidden_syncs += 1
         self.send(m.query(sql))
+
+    def prepare_for(self, client: ClientConnection, check_query: str) -> None:
+        """What must succeed before `client`'s requests may go: `check_query` (if any),
+        then a SET of the parameters whose values differ from the client's. The pooler is
+        told how it went (parameters_applied, check_failed, parameters_failed)."""
+        self.setting_for = client
+        self._set_failed = False
+        if check_query:
+            self.checking = True
+            self.send_hidden_query(check_query)
+        if not covers(self.params, client.params):
+            self.send_parameters(client)
 
     def send_parameters(self, client: ClientConnection) -> None:
         """SET the parameters whose values differ from the linked `client`'s. Its requests
@@ -538,6 +552,19 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
     def _hidden_message(self, kind: int, body: bytes) -> None:
         if kind == m.READY_FOR_QUERY:
             self.hidden_syncs -= 1
+            if self.checking:  # server_check_query's reply comes before any SET's
+                self.checking = False
+                client = self.setting_for
+                if self._set_failed:
+                    self._set_failed = False
+                    self._setting = []
+                    self.setting_for = None
+                    self.pooler.check_failed(self, client, self._set_error.get("M", ""))
+                elif not self._setting:
+                    self.setting_for = None
+                    if client is not None and client is self.client:
+                        self.pooler.parameters_applied(self, client)
+                return
             if self._setting:
                 names, self._setting = self._setting, []
                 client, self.setting_for = self.setting_for, None
