@@ -46,7 +46,9 @@ ACCEPTED_UNUSED_KEYS = frozenset(
 # operator wants TLS, and pypool refuses to start rather than talk plaintext.
 _UNSET = frozenset({""})
 TLS_KEYS: dict[str, frozenset[str]] = {
-    "client_tls_sslmode": frozenset({"", "disable"}),
+    # allow and prefer accept plaintext by definition: they run as disable, with a warning
+    # (PgBouncer 1.25's own default is server_tls_sslmode = prefer).
+    "client_tls_sslmode": frozenset({"", "disable", "allow", "prefer"}),
     "client_tls_key_file": _UNSET,
     "client_tls_cert_file": _UNSET,
     "client_tls_ca_file": _UNSET,
@@ -55,7 +57,7 @@ TLS_KEYS: dict[str, frozenset[str]] = {
     "client_tls13_ciphers": _UNSET,
     "client_tls_ecdhcurve": frozenset({"", "auto"}),
     "client_tls_dheparams": frozenset({"", "auto"}),
-    "server_tls_sslmode": frozenset({"", "disable"}),
+    "server_tls_sslmode": frozenset({"", "disable", "allow", "prefer"}),
     "server_tls_ca_file": _UNSET,
     "server_tls_key_file": _UNSET,
     "server_tls_cert_file": _UNSET,
@@ -344,7 +346,11 @@ def parse_value(key: str, text: str) -> object:
 
 def check_tls_key(key: str, text: str) -> None:
     """Raise NotSupported unless TLS key `key` is set to a value that leaves TLS off."""
-    if text.strip().lower() in TLS_KEYS[key]:
+    value = text.strip().lower()
+    if value in TLS_KEYS[key]:
+        if value in ("allow", "prefer"):
+            log.warning("%s = %s: TLS is not implemented yet, connections stay plaintext",
+                        key, value)
         return
     if key.endswith("_sslmode"):
         raise NotSupported(f"TLS is not implemented, and {key} = {text.strip()} would run in "

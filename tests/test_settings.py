@@ -496,9 +496,8 @@ def test_bad_user_entries_name_the_file_line_and_key(
     [
         ("client_tls_sslmode", "require"),
         ("client_tls_sslmode", "verify-full"),
-        ("client_tls_sslmode", "allow"),
         ("server_tls_sslmode", "verify-ca"),
-        ("server_tls_sslmode", "prefer"),
+        ("server_tls_sslmode", "require"),
         ("client_tls_key_file", "/etc/pgbouncer/server.key"),
         ("client_tls_cert_file", "/etc/pgbouncer/server.crt"),
         ("server_tls_ca_file", "/etc/ssl/root.crt"),
@@ -514,6 +513,19 @@ def test_tls_is_refused_naming_the_key(tmp_path: Path, key: str, value: str) -> 
     assert "TLS" in str(info.value)
     with pytest.raises(SettingsError, match=f"key {key} is not supported yet"):
         replace_setting(PoolerSettings(), key, value)
+
+
+@pytest.mark.parametrize("key", ["client_tls_sslmode", "server_tls_sslmode"])
+@pytest.mark.parametrize("value", ["allow", "prefer"])
+def test_tls_modes_that_accept_plaintext_run_plaintext_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, key: str, value: str
+) -> None:
+    """allow and prefer accept a plaintext connection by definition (and prefer is PgBouncer
+    1.25's default for servers): a stock config starts, and the log says TLS is off."""
+    path = write_ini(tmp_path, f"[pgbouncer]\nlisten_port = 7000\n{key} = {value}\n")
+    with caplog.at_level("WARNING"):
+        load_ini(path)
+    assert f"{key} = {value}: TLS is not implemented yet" in caplog.text
 
 
 def test_every_tls_key_accepts_its_off_value(tmp_path: Path) -> None:
