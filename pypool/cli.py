@@ -14,10 +14,15 @@ import logging.handlers
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from . import __version__
 from .settings import Settings, SettingsError, from_url, load_ini, worker_share
+
+if TYPE_CHECKING:
+    from .net.client import ClientConnection
+    from .net.pooler import Pooler
 
 log = logging.getLogger("pypool")
 
@@ -61,10 +66,36 @@ def setup_logging(settings: Settings, verbose: bool, quiet: bool) -> None:
     root.setLevel(level)
 
 
-async def serve(settings: Settings) -> None:
+def build_pooler(settings: Settings) -> Pooler:
+    """The one place the pooler, its admin console and its metrics endpoint are put together.
+
+    net/ never imports the console or the metrics: the pooler calls them through the hooks
+    set here (net/hooks.py). Both read it through one read-only view (observe/view.py); the
+    console's commands drive it through its own methods (admin/control.py). Called on the
+    running event loop, by `serve` (python -m pypool, the embedded quick start, each worker).
+    """
+    from .admin import console
     from .net.pooler import Pooler
+    from .observe.view import PoolerView
 
     pooler = Pooler(settings)
+    view = PoolerView(pooler)
+
+    def open_console(client: ClientConnection) -> None:
+        console.open_console(view, pooler, client)
+
+    async def serve_metrics(addrs: str, port: int) -> list[asyncio.AbstractServer]:
+        from . import metrics  # prometheus_client is imported only with metrics_port set
+
+        return await metrics.serve_metrics(view, addrs, port)
+
+    pooler.open_console = open_console
+    pooler.serve_metrics = serve_metrics
+    return pooler
+
+
+async def serve(settings: Settings) -> None:
+    pooler = build_pooler(settings)
     await pooler.start()
     pooler.install_signals()
     await pooler.stopped

@@ -8,8 +8,9 @@ endpoint with no exporter in between. What PgBouncer cannot give is under pypool
 counters, clients split into idle and linked, errors by kind, the prepared-statement cache,
 and histograms of queue wait and transaction time.
 
-Nothing here touches the hot path: the pooler only increments integers, and `collect` walks
-the pools when Prometheus asks. The HTTP server is an asyncio server on the pooler's own
+Nothing here touches the hot path: the pooler only increments integers, and `collect` takes
+a snapshot through the read-only view (observe/view.py) when Prometheus asks; this module
+never sees the pooler itself. The HTTP server is an asyncio server on the pooler's own
 loop, so a scrape sees a consistent state and no thread ever reads a pool mid-update.
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -31,9 +32,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from .admin import show
-
-if TYPE_CHECKING:
-    from .net.pooler import Pooler
+from .observe.view import PoolerView
 
 log = logging.getLogger("pypool.metrics")
 
@@ -107,8 +106,8 @@ def _label(value: Any) -> str:
 class PoolerCollector(Collector):
     """Everything the pooler knows, read at scrape time."""
 
-    def __init__(self, pooler: Pooler) -> None:
-        self.pooler = pooler
+    def __init__(self, view: PoolerView) -> None:
+        self.view = view
 
     def describe(self) -> list[Metric]:
         return []  # metrics depend on the pools of the moment; do not collect at register time
@@ -120,18 +119,18 @@ class PoolerCollector(Collector):
     # --- pgbouncer_exporter's names ---------------------------------------------------------
 
     def _pgbouncer(self) -> Iterator[Metric]:
-        pooler = self.pooler
+        view = self.view
         yield GaugeMetricFamily("pgbouncer_up", "The pooler answered the scrape", value=1)
         version = GaugeMetricFamily("pgbouncer_version_info", "The version (SHOW VERSION)",
                                     labels=["version"])
         version.add_metric([show.VERSION], 1)
         yield version
-        for name, items in show.lists(pooler):
+        for name, items in show.lists(view):
             if name in LIST_GAUGES:
                 yield GaugeMetricFamily(f"pgbouncer_{LIST_GAUGES[name]}",
                                         f"Count of {name.replace('_', ' ')} (SHOW LISTS)",
                                         value=items)
-        cfg = pooler.settings.pooler
+        cfg = view.settings.pooler
         yield GaugeMetricFamily("pgbouncer_config_max_client_connections",
                                 "Config maximum number of client connections",
                                 value=cfg.max_client_conn)
@@ -139,7 +138,7 @@ class PoolerCollector(Collector):
                                 "Config maximum number of server connections per user",
                                 value=cfg.max_user_connections)
 
-        pools = list(_columns(show.show_pools(pooler)))
+        pools = list(_columns(show.show_pools(view)))
         for column, (name, text) in POOL_GAUGES.items():
             family = GaugeMetricFamily(f"pgbouncer_pools_{name}", text, labels=POOL_LABELS)
             for row in pools:
@@ -152,14 +151,14 @@ class PoolerCollector(Collector):
                                row["maxwait"] + row["maxwait_us"] / 1e6)
         yield maxwait
 
-        stats = list(_columns(show.show_stats(pooler)))
+        stats = list(_columns(show.show_stats(view)))
         for column, (name, scale, text) in STATS_COUNTERS.items():
             counter = CounterMetricFamily(f"pgbouncer_stats_{name}", text, labels=["database"])
             for row in stats:
                 counter.add_metric([row["database"]], row[column] * scale)
             yield counter
 
-        databases = list(_columns(show.show_databases(pooler)))
+        databases = list(_columns(show.show_databases(view)))
         for column, (name, text) in DATABASE_GAUGES.items():
             family = GaugeMetricFamily(f"pgbouncer_databases_{name}", text,
                                        labels=list(DATABASE_LABELS))
@@ -168,7 +167,7 @@ class PoolerCollector(Collector):
             yield family
 
         servers: dict[tuple[str, ...], int] = {}
-        for row in _columns(show.show_servers(pooler)):
+        for row in _columns(show.show_servers(view)):
             key: tuple[str, ...] = (
                 row["user"], row["database"], row["state"], f"{row['addr']}_{row['port']}",
                 "true" if row["close_needed"] else "false",
@@ -184,9 +183,7 @@ class PoolerCollector(Collector):
     # --- pypool's own, per pool -------------------------------------------------------------
 
     def _pools(self) -> Iterator[Metric]:
-        pooler = self.pooler
-        now = pooler.now()
-        pools = show.sorted_pools(pooler)
+        pools = self.view.pools()
 
         clients = GaugeMetricFamily(
             "pypool_pool_clients", "Clients by state: idle (no server), active (holding a "
@@ -197,7 +194,7 @@ class PoolerCollector(Collector):
                                  labels=POOL_LABELS)
         for pool in pools:
             labels = [pool.database, pool.user]
-            c = show.pool_counts(pool, now)
+            c = pool.counts
             clients.add_metric([*labels, "idle"], c.cl_active - c.cl_linked)
             clients.add_metric([*labels, "active"], c.cl_linked)
             clients.add_metric([*labels, "waiting"], c.cl_waiting)
@@ -205,7 +202,7 @@ class PoolerCollector(Collector):
             servers.add_metric([*labels, "idle"], c.sv_idle)
             servers.add_metric([*labels, "login"], c.sv_login)
             servers.add_metric([*labels, "being_canceled"], c.sv_being_canceled)
-            size.add_metric(labels, pool.limits.pool_size)
+            size.add_metric(labels, pool.pool_size)
         yield clients
         yield servers
         yield size
@@ -229,13 +226,13 @@ class PoolerCollector(Collector):
         for name, field, scale, text in counters:
             family = CounterMetricFamily(f"pypool_{name}", text, labels=POOL_LABELS)
             for pool in pools:
-                family.add_metric([pool.database, pool.user], getattr(pool.stats, field) * scale)
+                family.add_metric([pool.database, pool.user], pool.counters[field] * scale)
             yield family
 
         errors = CounterMetricFamily("pypool_errors", "Errors by kind: server (ErrorResponse "
                                      "relayed) or the pooler's own", labels=[*POOL_LABELS, "kind"])
         for pool in pools:
-            for kind, count in sorted(pool.stats.errors.items()):
+            for kind, count in pool.errors:
                 errors.add_metric([pool.database, pool.user, kind], count)
         yield errors
 
@@ -247,26 +244,25 @@ class PoolerCollector(Collector):
                                      labels=POOL_LABELS)
         for pool in pools:
             labels = [pool.database, pool.user]
-            stats = pool.stats
-            # Only waits are observed on the hot path; assignments without one count as 0.
-            zero_waits = max(0, stats.server_assignment_count - stats.wait_histogram.count)
-            wait.add_metric(labels, stats.wait_histogram.cumulative(zero_waits),
-                            stats.wait_time_us / 1e6)
-            xact.add_metric(labels, stats.xact_histogram.cumulative(), stats.xact_time_us / 1e6)
+            # Only waits are observed on the hot path; the view counts the assignments
+            # without one as waits of 0.
+            wait.add_metric(labels, list(pool.wait_buckets), pool.counters["wait_time_us"] / 1e6)
+            xact.add_metric(labels, list(pool.xact_buckets), pool.counters["xact_time_us"] / 1e6)
         yield wait
         yield xact
 
 
-def registry_for(pooler: Pooler) -> CollectorRegistry:
+def registry_for(view: PoolerView) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(PoolerCollector(pooler))
+    registry.register(PoolerCollector(view))
     ProcessCollector(registry=registry)  # process_cpu_seconds_total, resident memory, fds
     return registry
 
 
-async def serve_metrics(pooler: Pooler, addrs: str, port: int) -> list[asyncio.AbstractServer]:
+async def serve_metrics(view: PoolerView, addrs: str, port: int
+                        ) -> list[asyncio.AbstractServer]:
     """Listen on each of `addrs` (comma-separated, `*` for all) and answer GET /metrics."""
-    registry = registry_for(pooler)
+    registry = registry_for(view)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

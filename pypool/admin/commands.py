@@ -1,9 +1,10 @@
 """The console's commands: PAUSE, RESUME, KILL, RECONNECT, DISABLE, SET, ... as PgBouncer 1.24.
 
 Each command is a function of the pooler and its argument that changes the pooler's state
-through the pooler's own methods (pause, close, reload) and returns what the console should
-answer: `Done` at once, `WaitFor` a condition (PAUSE and WAIT_CLOSE answer only once the
-servers are gone), or `NO_REPLY` (SHUTDOWN leaves without a word, like PgBouncer).
+through the pooler's own methods (pause, close, reload: control.py's PoolerControl) and
+returns what the console should answer: `Done` at once, `WaitFor` a condition (PAUSE and
+WAIT_CLOSE answer only once the servers are gone), or `NO_REPLY` (SHUTDOWN leaves without a
+word, like PgBouncer).
 A refusal raises `AdminError` with PgBouncer's message; the console sends it as a non-fatal
 ERROR 08P01 and the session carries on. Who may run a command is the console's business.
 """
@@ -16,12 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..observe.view import ADMIN_DB, database_entry
 from ..protocol.errors import PoolerError
 from ..settings import SettingsError, replace_setting
-from .show import ADMIN_DB, FAKE_PARAMS, config_text, database_entry
+from .control import PoolerControl
+from .show import FAKE_PARAMS, config_text
 
 if TYPE_CHECKING:
-    from ..net.pooler import Pooler
     from ..pooling.pool import Pool
 
 log = logging.getLogger("pypool.admin")
@@ -62,11 +64,11 @@ NO_REPLY = Done("")
 Reply = Done | WaitFor
 
 
-def _pools_of(pooler: Pooler, database: str | None) -> list[Pool]:
+def _pools_of(pooler: PoolerControl, database: str | None) -> list[Pool]:
     return [p for p in pooler.pools.values() if database is None or p.database == database]
 
 
-def _database(pooler: Pooler, name: str, verb: str) -> str:
+def _database(pooler: PoolerControl, name: str, verb: str) -> str:
     """`name` if it is a database the pooler serves; PgBouncer's refusals otherwise."""
     if name in ADMIN_DATABASES:
         raise AdminError(f"cannot {verb} admin db: {name}")
@@ -75,11 +77,11 @@ def _database(pooler: Pooler, name: str, verb: str) -> str:
     return name
 
 
-def _no_servers(pooler: Pooler, database: str | None) -> Callable[[], bool]:
+def _no_servers(pooler: PoolerControl, database: str | None) -> Callable[[], bool]:
     return lambda: all(pool.server_count == 0 for pool in _pools_of(pooler, database))
 
 
-def pause(pooler: Pooler, arg: str) -> Reply:
+def pause(pooler: PoolerControl, arg: str) -> Reply:
     """Stop handing out servers, close each server as its transaction ends; answer once the
     servers (of `arg`, or of all databases) are gone. New queries wait until RESUME."""
     if pooler.paused_all:
@@ -96,7 +98,7 @@ def pause(pooler: Pooler, arg: str) -> Reply:
     return WaitFor(_no_servers(pooler, database), "PAUSE")
 
 
-def resume(pooler: Pooler, arg: str) -> Reply:
+def resume(pooler: PoolerControl, arg: str) -> Reply:
     if not arg:
         log.info("RESUME command issued")
         if pooler.shutting_down:
@@ -116,7 +118,7 @@ def resume(pooler: Pooler, arg: str) -> Reply:
     return Done("RESUME")
 
 
-def kill(pooler: Pooler, arg: str) -> Reply:
+def kill(pooler: PoolerControl, arg: str) -> Reply:
     """Drop every client and server of a database now; it stays paused until RESUME db."""
     if pooler.paused_all:
         raise AdminError("already suspended/paused")
@@ -135,7 +137,7 @@ def kill(pooler: Pooler, arg: str) -> Reply:
     return Done("KILL")
 
 
-def kill_client(pooler: Pooler, arg: str) -> Reply:
+def kill_client(pooler: PoolerControl, arg: str) -> Reply:
     """Disconnect one client, by the `id` column of SHOW CLIENTS."""
     try:
         target = int(arg)
@@ -148,7 +150,7 @@ def kill_client(pooler: Pooler, arg: str) -> Reply:
     raise AdminError("client not found")
 
 
-def reconnect(pooler: Pooler, arg: str) -> Reply:
+def reconnect(pooler: PoolerControl, arg: str) -> Reply:
     """Close every server (of `arg`, or all) as soon as it is released; new ones replace them."""
     if arg:
         log.info("RECONNECT '%s' command issued", arg)
@@ -161,7 +163,7 @@ def reconnect(pooler: Pooler, arg: str) -> Reply:
     return Done("RECONNECT")
 
 
-def wait_close(pooler: Pooler, arg: str) -> Reply:
+def wait_close(pooler: PoolerControl, arg: str) -> Reply:
     """Answer once no server tagged by RECONNECT (or a changed [databases] entry) is left."""
     if arg:
         log.info("WAIT_CLOSE '%s' command issued", arg)
@@ -173,7 +175,7 @@ def wait_close(pooler: Pooler, arg: str) -> Reply:
                    "WAIT_CLOSE")
 
 
-def disable(pooler: Pooler, arg: str) -> Reply:
+def disable(pooler: PoolerControl, arg: str) -> Reply:
     """Refuse new clients of a database; the connected ones carry on."""
     if not arg:
         raise AdminError("a database is required")
@@ -185,7 +187,7 @@ def disable(pooler: Pooler, arg: str) -> Reply:
     return Done("DISABLE")
 
 
-def enable(pooler: Pooler, arg: str) -> Reply:
+def enable(pooler: PoolerControl, arg: str) -> Reply:
     if not arg:
         raise AdminError("a database is required")
     log.info("ENABLE '%s' command issued", arg)
@@ -196,14 +198,14 @@ def enable(pooler: Pooler, arg: str) -> Reply:
     return Done("ENABLE")
 
 
-def reload(pooler: Pooler, arg: str) -> Reply:
+def reload(pooler: PoolerControl, arg: str) -> Reply:
     log.info("RELOAD command issued")
     if pooler.reload():
         return Done("RELOAD")
     return Done("RELOAD", notice="configuration reload failed, keeping the old one (see the log)")
 
 
-def shutdown(pooler: Pooler, arg: str) -> Reply:
+def shutdown(pooler: PoolerControl, arg: str) -> Reply:
     """SHUTDOWN: exit now. WAIT_FOR_SERVERS: as SIGINT (let transactions finish).
     WAIT_FOR_CLIENTS: as SIGTERM (let clients leave)."""
     mode = arg.upper()
@@ -218,7 +220,7 @@ def shutdown(pooler: Pooler, arg: str) -> Reply:
     return Done("SHUTDOWN", then=lambda: pooler.shutdown(how))
 
 
-def set_param(pooler: Pooler, key: str, value: str, is_admin: bool) -> Reply:
+def set_param(pooler: PoolerControl, key: str, value: str, is_admin: bool) -> Reply:
     """SET key = value: a [pgbouncer] key, live, as a RELOAD with that one key changed.
 
     The value is parsed and checked by the ini's own parser (`replace_setting`), so SET
@@ -240,7 +242,7 @@ def set_param(pooler: Pooler, key: str, value: str, is_admin: bool) -> Reply:
     return Done(f"SET {key}={value}")
 
 
-def _kept(pooler: Pooler, key: str) -> str:
+def _kept(pooler: PoolerControl, key: str) -> str:
     """What a refused SET left in force, for the log: `key stays '5'`."""
     name = key.strip().lower()
     if not hasattr(pooler.settings.pooler, name):
@@ -249,7 +251,7 @@ def _kept(pooler: Pooler, key: str) -> str:
 
 
 # Commands that take an optional argument, by name. SHOW and SET are parsed by the console.
-COMMANDS: dict[str, Callable[[Pooler, str], Reply]] = {
+COMMANDS: dict[str, Callable[[PoolerControl, str], Reply]] = {
     "disable": disable,
     "enable": enable,
     "kill": kill,

@@ -16,19 +16,16 @@ import asyncio
 import logging
 import re
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from ..net.client import ClientState
+from ..observe.view import PoolerView, StateName, is_closed
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..protocol.framing import MessageBuffer
 from . import commands, show
 from .commands import AdminError, InvalidCommand, Reply, WaitFor
-
-if TYPE_CHECKING:
-    from ..net.client import ClientConnection
-    from ..net.pooler import Pooler
+from .control import PoolerControl
 
 log = logging.getLogger("pypool.admin")
 
@@ -55,6 +52,25 @@ WELCOME = {
 }
 
 
+class Ledger(Protocol):
+    def ready(self) -> object: ...
+
+
+class ConsoleClient(Protocol):
+    """The client connection a console session talks to (net/client.py's is one)."""
+
+    admin: Any  # the session, once admitted; read by the connection for what it receives
+
+    @property
+    def user(self) -> str: ...
+    @property
+    def state(self) -> StateName: ...
+    @property
+    def ledger(self) -> Ledger: ...
+    def write(self, data: bytes) -> None: ...
+    def welcome(self, server_params: dict[str, str]) -> None: ...
+
+
 def _unquote(text: str | None, quote: str = '"') -> str:
     if not text:
         return ""
@@ -66,7 +82,9 @@ def _unquote(text: str | None, quote: str = '"') -> str:
 class AdminSession:
     """One console connection: queued queries in, answers out, in order."""
 
-    def __init__(self, pooler: Pooler, client: ClientConnection, is_admin: bool) -> None:
+    def __init__(self, view: PoolerView, pooler: PoolerControl, client: ConsoleClient,
+                 is_admin: bool) -> None:
+        self.view = view
         self.pooler = pooler
         self.client = client
         self.is_admin = is_admin
@@ -89,7 +107,7 @@ class AdminSession:
 
     @property
     def _open(self) -> bool:
-        return self.client.state is not ClientState.CLOSED
+        return not is_closed(self.client)
 
     def _answer(self, sql: str) -> None:
         try:
@@ -158,10 +176,10 @@ class AdminSession:
         if fake is not None:
             rows = show.result("s", key, [(fake,)])
             return rows.encode() + m.command_complete("SHOW")
-        view = show.SHOWS.get(key)
-        if view is None:
+        build = show.SHOWS.get(key)
+        if build is None:
             raise InvalidCommand(what)
-        return view(self.pooler).encode() + m.command_complete("SHOW")
+        return build(self.view).encode() + m.command_complete("SHOW")
 
 
 def _help_notice() -> bytes:
@@ -170,13 +188,16 @@ def _help_notice() -> bytes:
     return m.message(m.NOTICE_RESPONSE, fields)
 
 
-def open_console(pooler: Pooler, client: ClientConnection) -> None:
-    """After authentication to `pgbouncer`/`pypool`: admit admin and stats users, welcome."""
-    cfg = pooler.settings.pooler
+def open_console(view: PoolerView, pooler: PoolerControl, client: ConsoleClient) -> None:
+    """After authentication to `pgbouncer`/`pypool`: admit admin and stats users, welcome.
+
+    SHOWs read `view`; commands drive `pooler`. cli.py's build_pooler binds both, once, into
+    the pooler's open_console hook."""
+    cfg = view.settings.pooler
     is_admin = client.user in cfg.admin_users
     if not is_admin and client.user not in cfg.stats_users:
         raise PoolerError("not allowed")
-    client.admin = AdminSession(pooler, client, is_admin)
+    client.admin = AdminSession(view, pooler, client, is_admin)
     client.welcome(dict(WELCOME))
 
 

@@ -1,14 +1,14 @@
 """The console's SHOW result sets, column for column as PgBouncer 1.24 sends them.
 
-Each SHOW is a function from the pooler's state to a `ResultSet`. Exporters and dashboards
-read these by name and position, so the column names, their order and their types are an
-interface: they follow PgBouncer 1.24's admin.c and stats.c, including its type letters
-(s text, i int4, q int8, N numeric, T a timestamp sent as text). Where pypool has nothing to
-report (cancel-request lists, TLS, peers, DNS) the value is 0, empty or NULL, as PgBouncer
-shows it when that feature is unused. The admin console itself appears as the database
-`pgbouncer` with the pool `pgbouncer/pgbouncer`, as in PgBouncer.
+Each SHOW is a function from the pooler's read-only view (observe/view.py) to a `ResultSet`.
+Exporters and dashboards read these by name and position, so the column names, their order
+and their types are an interface: they follow PgBouncer 1.24's admin.c and stats.c,
+including its type letters (s text, i int4, q int8, N numeric, T a timestamp sent as text).
+Where pypool has nothing to report (cancel-request lists, TLS, peers, DNS) the value is 0,
+empty or NULL, as PgBouncer shows it when that feature is unused. The admin console itself
+appears as the database `pgbouncer` with the pool `pgbouncer/pgbouncer`, as in PgBouncer.
 
-This module reads the pooler's state and never changes it.
+This module reads the view's snapshots and never sees the pooler itself.
 """
 
 from __future__ import annotations
@@ -17,24 +17,17 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import __version__
-from ..net.client import ClientState
+from ..observe.view import ADMIN_DB, ClientInfo, PoolerView, PoolInfo, ServerInfo
 from ..pooling import stats as st
 from ..protocol import messages as m
-from ..settings import RESTART_ONLY_KEYS, DatabaseEntry, PoolerSettings
-
-if TYPE_CHECKING:
-    from ..net.client import ClientConnection
-    from ..net.pooler import Pooler
-    from ..net.server import ServerConnection
-    from ..pooling.pool import Pool
+from ..settings import RESTART_ONLY_KEYS, PoolerSettings
 
 PGBOUNCER_VERSION = "1.24.1"
 # PgBouncer's own version first: tools that gate features on it parse the first x.y.z.
 VERSION = f"PgBouncer {PGBOUNCER_VERSION} (pypool {__version__})"
-ADMIN_DB = "pgbouncer"
 
 _TYPE_OIDS = {"s": 25, "T": 25, "i": 23, "q": 20, "N": 1700}
 
@@ -71,70 +64,7 @@ def result(types: str, columns: str, rows: Iterable[tuple[Any, ...]]) -> ResultS
     return ResultSet(types, tuple(columns.split()), list(rows))
 
 
-# --- shared views of the state (also read by metrics.py) ---------------------------------
-
-
-def sorted_pools(pooler: Pooler) -> list[Pool]:
-    """PgBouncer keeps its pool list sorted by database, then user."""
-    return sorted(pooler.pools.values(), key=lambda p: (p.database, p.user))
-
-
-def admin_clients(pooler: Pooler) -> list[ClientConnection]:
-    return [c for c in pooler.clients if c.admin is not None]
-
-
-@dataclass
-class PoolCounts:
-    """A pool's clients and servers by PgBouncer's states (cl_*, sv_*), plus pypool's finer
-    split of cl_active into clients holding a server and idle ones."""
-
-    cl_active: int = 0
-    cl_waiting: int = 0
-    cl_linked: int = 0  # part of cl_active: holding a server right now
-    sv_active: int = 0
-    sv_idle: int = 0
-    sv_login: int = 0
-    sv_being_canceled: int = 0
-    maxwait: float = 0.0  # seconds the oldest waiting client has waited
-
-
-def pool_counts(pool: Pool, now: float) -> PoolCounts:
-    counts = PoolCounts(sv_active=len(pool.active), sv_idle=len(pool.idle),
-                        sv_login=len(pool.login),
-                        sv_being_canceled=len(pool.being_canceled))
-    for client in pool.clients:
-        state = client.state
-        if state is ClientState.WAITING or state is ClientState.WELCOME:
-            counts.cl_waiting += 1
-        else:
-            counts.cl_active += 1
-            if state is ClientState.ACTIVE:
-                counts.cl_linked += 1
-    for client in pool.waiting:
-        if client.state is ClientState.WAITING:
-            counts.maxwait = max(0.0, now - client.wait_start)
-            break
-    return counts
-
-
-def database_names(pooler: Pooler) -> list[str]:
-    """Configured databases (not the `*` fallback), those created through it, and removed ones
-    that still have clients."""
-    names = {name for name in pooler.settings.databases if name != "*"}
-    names.update(pool.database for pool in pooler.pools.values())
-    return sorted(names)
-
-
-def database_entry(pooler: Pooler, name: str) -> DatabaseEntry | None:
-    return pooler.settings.database(name) or pooler.retired.get(name)
-
-
-def user_names(pooler: Pooler) -> list[str]:
-    names = set(pooler.auth_secrets) | set(pooler.auth_query_secrets)
-    names.update(pooler.settings.users)
-    names.update(pool.user for pool in pooler.pools.values())
-    names.add(ADMIN_DB)
-    return sorted(names)
+# --- shared with metrics.py ------------------------------------------------------------
 
 
 def config_rows(settings: PoolerSettings) -> list[tuple[str, str, str, str]]:
@@ -162,18 +92,17 @@ def config_text(value: Any) -> str:
 # --- SHOW POOLS, STATS, STATS_TOTALS, STATS_AVERAGES, TOTALS -------------------------------
 
 
-def show_pools(pooler: Pooler) -> ResultSet:
-    now = pooler.now()
+def show_pools(view: PoolerView) -> ResultSet:
     rows = []
-    admin_row = (ADMIN_DB, ADMIN_DB, len(admin_clients(pooler)), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    admin_row = (ADMIN_DB, ADMIN_DB, view.console_client_count(), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                  0, 0, "statement", None)
-    for pool in sorted_pools(pooler):
-        c = pool_counts(pool, now)
+    for pool in view.pools():
+        c = pool.counts
         wait_us = int(c.maxwait * 1e6)
         rows.append((pool.database, pool.user, c.cl_active, c.cl_waiting, 0, 0, c.sv_active, 0,
                      c.sv_being_canceled, c.sv_idle, 0, 0, c.sv_login, wait_us // 1_000_000,
                      wait_us % 1_000_000,
-                     pool.limits.pool_mode, None))
+                     pool.pool_mode, None))
     rows.append(admin_row)
     rows.sort(key=lambda r: (r[0], r[1]))
     return result(
@@ -185,15 +114,15 @@ def show_pools(pooler: Pooler) -> ResultSet:
     )
 
 
-def _by_database(pooler: Pooler) -> list[tuple[str, list[Pool]]]:
-    groups: dict[str, list[Pool]] = {ADMIN_DB: []}
-    for pool in sorted_pools(pooler):
+def _by_database(view: PoolerView) -> list[tuple[str, list[PoolInfo]]]:
+    groups: dict[str, list[PoolInfo]] = {ADMIN_DB: []}
+    for pool in view.pools():
         groups.setdefault(pool.database, []).append(pool)
     return sorted(groups.items())
 
 
-def _database_totals(pools: Sequence[Pool]) -> st.Totals:
-    return st.add(st.totals(pool.stats) for pool in pools)
+def _database_totals(pools: Sequence[PoolInfo]) -> st.Totals:
+    return st.add(pool.totals for pool in pools)
 
 
 _STAT_COLUMNS = ("server_assignment_count xact_count query_count {received} {sent} xact_time "
@@ -201,11 +130,9 @@ _STAT_COLUMNS = ("server_assignment_count xact_count query_count {received} {sen
                  "{parse}bind_count")
 
 
-def show_stats(pooler: Pooler) -> ResultSet:
-    now = pooler.now()
-    periods = pooler.stats_periods
-    rows = [(db, *_database_totals(pools), *periods.averages_of(pools, now))
-            for db, pools in _by_database(pooler)]
+def show_stats(view: PoolerView) -> ResultSet:
+    rows = [(db, *_database_totals(pools), *view.averages(pools))
+            for db, pools in _by_database(view)]
     totals = _STAT_COLUMNS.format(received="received", sent="sent", parse="")
     avgs = _STAT_COLUMNS.format(received="recv", sent="sent", parse="")
     columns = ("database " + " ".join("total_" + c for c in totals.split()) + " "
@@ -213,16 +140,14 @@ def show_stats(pooler: Pooler) -> ResultSet:
     return result("s" + "N" * 22, columns, rows)
 
 
-def show_stats_totals(pooler: Pooler) -> ResultSet:
-    rows = [(db, *_database_totals(pools)) for db, pools in _by_database(pooler)]
+def show_stats_totals(view: PoolerView) -> ResultSet:
+    rows = [(db, *_database_totals(pools)) for db, pools in _by_database(view)]
     columns = _STAT_COLUMNS.format(received="bytes_received", sent="bytes_sent", parse="")
     return result("s" + "N" * 11, "database " + columns, rows)
 
 
-def show_stats_averages(pooler: Pooler) -> ResultSet:
-    now = pooler.now()
-    rows = [(db, *pooler.stats_periods.averages_of(pools, now))
-            for db, pools in _by_database(pooler)]
+def show_stats_averages(view: PoolerView) -> ResultSet:
+    rows = [(db, *view.averages(pools)) for db, pools in _by_database(view)]
     columns = _STAT_COLUMNS.format(received="bytes_received", sent="bytes_sent", parse="avg_")
     return result("s" + "N" * 11, "database " + columns, rows)
 
@@ -233,10 +158,10 @@ _TOTALS_NAMES = ("server_assignment_count", "xact_count", "query_count", "client
                  "ps_client_parse_count", "ps_server_parse_count", "ps_bind_count")
 
 
-def show_totals(pooler: Pooler) -> ResultSet:
-    pools = list(pooler.pools.values())
+def show_totals(view: PoolerView) -> ResultSet:
+    pools = view.pools()
     total = _database_totals(pools)
-    avg = pooler.stats_periods.averages_of(pools, pooler.now())
+    avg = view.averages(pools)
     rows = [("total_" + name, value) for name, value in zip(_TOTALS_NAMES, total, strict=True)]
     rows += [("avg_" + name, value) for name, value in zip(_TOTALS_NAMES, avg, strict=True)]
     return result("sN", "name value", rows)
@@ -252,94 +177,51 @@ _SOCKET_COLUMNS = (
 )
 
 
-def _ptr(obj: object | None) -> str:
-    return f"0x{id(obj):x}" if obj is not None else ""
+def _client_row(c: ClientInfo) -> tuple[Any, ...]:
+    return ("C", c.user, c.database, "none", c.state, c.addr, c.port, c.local_addr,
+            c.local_port, c.connect_time, c.request_time, c.wait_us // 1_000_000,
+            c.wait_us % 1_000_000, 0, c.ptr, c.link, 0, "", c.application_name,
+            c.prepared_statements, c.id)
 
 
-def _sockname(transport: Any) -> tuple[str, int]:
-    name = transport.get_extra_info("sockname") if transport is not None else None
-    if isinstance(name, tuple) and len(name) >= 2:
-        return str(name[0]), int(name[1])
-    return "", 0
+def _server_row(s: ServerInfo) -> tuple[Any, ...]:
+    return ("S", s.user, s.database, "none", s.state, s.addr, s.port, s.local_addr,
+            s.local_port, s.connect_time, s.request_time, 0, 0, int(s.close_needed), s.ptr,
+            s.link, s.remote_pid, "", s.application_name, s.prepared_statements, s.id)
 
 
-def _prepared_count(connection: Any) -> int:
-    """Protocol-level prepared statements a client has named, or a server holds (as
-    PgBouncer counts them); 0 where prepared statements are off."""
-    statements = getattr(connection, "statements", None)
-    if statements is None:
-        return 0
-    return len(getattr(statements, "names", None) or getattr(statements, "lru", None) or ())
-
-
-def _client_row(client: ClientConnection, state: str, database: str, wall: float,
-                now: float) -> tuple[Any, ...]:
-    wait_us = 0
-    if client.state is ClientState.WAITING:
-        wait_us = int(max(0.0, now - client.wait_start) * 1e6)
-    local_addr, local_port = _sockname(client.transport)
-    return ("C", client.user, database, "none", state, client.peer[0], client.peer[1],
-            local_addr, local_port, client.connect_time + wall, client.state_since + wall,
-            wait_us // 1_000_000, wait_us % 1_000_000, 0, _ptr(client), _ptr(client.server), 0,
-            "", client.params.get("application_name", ""), _prepared_count(client), client.id)
-
-
-def _server_row(server: ServerConnection, state: str, close_needed: bool,
-                wall: float) -> tuple[Any, ...]:
-    pool = server.pool
-    local_addr, local_port = _sockname(server.transport)
-    return ("S", pool.user, pool.database, "none", state, server.host, server.port, local_addr,
-            local_port or server.local_port, server.connect_time + wall,
-            server.request_time + wall, 0, 0, int(close_needed), _ptr(server),
-            _ptr(server.client), server.backend_pid, "",
-            server.params.get("application_name", ""), _prepared_count(server), server.id)
-
-
-def show_clients(pooler: Pooler) -> ResultSet:
-    now = pooler.now()
-    wall = time.time() - now  # loop time to wall-clock time
+def show_clients(view: PoolerView) -> ResultSet:
     rows: list[tuple[Any, ...]] = []
-    admins = sorted(admin_clients(pooler), key=lambda c: c.id)
-    pools: list[tuple[str, list[ClientConnection]]] = [
-        (pool.database, sorted(pool.clients, key=lambda c: c.id)) for pool in sorted_pools(pooler)
+    groups: list[tuple[str, Sequence[ClientInfo]]] = [
+        (pool.database, pool.clients) for pool in view.pools(connections=True)
     ]
-    pools.append((ADMIN_DB, admins))
-    pools.sort(key=lambda item: item[0])
-    for database, clients in pools:
-        waiting = (ClientState.WAITING, ClientState.WELCOME)
-        for client in clients:
-            if client.state not in waiting:
-                rows.append(_client_row(client, "active", database, wall, now))
-        for client in clients:
-            if client.state in waiting:
-                rows.append(_client_row(client, "waiting", database, wall, now))
+    groups.append((ADMIN_DB, view.console_clients()))
+    groups.sort(key=lambda item: item[0])
+    # Per pool, as PgBouncer walks its lists: the active clients, then the waiting ones.
+    for _database, clients in groups:
+        rows.extend(_client_row(c) for c in clients if c.state != "waiting")
+        rows.extend(_client_row(c) for c in clients if c.state == "waiting")
     return result(_SOCKET_TYPES, _SOCKET_COLUMNS, rows)
 
 
-def show_servers(pooler: Pooler) -> ResultSet:
-    wall = time.time() - pooler.now()
-    rows = []
-    for pool in sorted_pools(pooler):
-        # Idle servers most recently used first: the order they will be handed out in.
-        for state, servers in (("active", sorted(pool.active, key=lambda s: s.id)),
-                               ("idle", pool.idle[::-1]),
-                               ("new", sorted(pool.login, key=lambda s: s.id))):
-            for server in servers:
-                rows.append(_server_row(server, state, server in pool.close_needed, wall))
+def show_servers(view: PoolerView) -> ResultSet:
+    rows = [_server_row(server) for pool in view.pools(connections=True)
+            for server in pool.servers]
     return result(_SOCKET_TYPES, _SOCKET_COLUMNS, rows)
 
 
 # --- SHOW DATABASES, USERS, CONFIG, LISTS, STATE, VERSION ---------------------------------
 
 
-def show_databases(pooler: Pooler) -> ResultSet:
-    cfg = pooler.settings.pooler
+def show_databases(view: PoolerView) -> ResultSet:
+    cfg = view.settings.pooler
     rows: list[tuple[Any, ...]] = []
     clients_per_db: dict[str, int] = {}
-    for pool in pooler.pools.values():
-        clients_per_db[pool.database] = clients_per_db.get(pool.database, 0) + len(pool.clients)
-    for name in database_names(pooler):
-        entry = database_entry(pooler, name)
+    for pool in view.pools():
+        clients = pool.counts.cl_active + pool.counts.cl_waiting
+        clients_per_db[pool.database] = clients_per_db.get(pool.database, 0) + clients
+    for name in view.database_names():
+        entry = view.database_entry(name)
         if entry is None:
             continue
         rows.append((
@@ -349,12 +231,12 @@ def show_databases(pooler: Pooler) -> ResultSet:
             _pick(entry.reserve_pool_size, cfg.reserve_pool_size),
             int(cfg.server_lifetime), entry.pool_mode, None,
             _pick(entry.max_db_connections, cfg.max_db_connections),
-            pooler.servers_per_db.get(name, 0), 0, clients_per_db.get(name, 0),
-            int(pooler.paused_all or name in pooler.paused_dbs), int(name in pooler.disabled_dbs),
+            view.servers_of_database(name), 0, clients_per_db.get(name, 0),
+            int(view.paused(name)), int(view.disabled(name)),
         ))
     rows.append((ADMIN_DB, None, cfg.listen_port, ADMIN_DB, ADMIN_DB, 2, 0, 0,
                  int(cfg.server_lifetime), "statement", None, 0, 0, 0,
-                 len(admin_clients(pooler)), 0, 0))
+                 view.console_client_count(), 0, 0))
     rows.sort(key=lambda r: r[0])
     return result(
         "ssissiiiissiiiiii",
@@ -369,19 +251,17 @@ def _pick(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-def show_users(pooler: Pooler) -> ResultSet:
-    cfg = pooler.settings.pooler
-    clients_per_user: dict[str, int] = {}
-    for client in pooler.clients:
-        if client not in pooler.login_clients:
-            clients_per_user[client.user] = clients_per_user.get(client.user, 0) + 1
+def show_users(view: PoolerView) -> ResultSet:
+    settings = view.settings
+    cfg = settings.pooler
+    clients_per_user = view.clients_per_user()
     rows = []
-    for name in user_names(pooler):
-        entry = pooler.settings.users.get(name)
+    for name in view.user_names():
+        entry = settings.users.get(name)
         pool_size = "" if entry is None or entry.pool_size is None else str(entry.pool_size)
         max_conn = (entry and entry.max_user_connections) or cfg.max_user_connections
         rows.append((name, pool_size, "", entry.pool_mode if entry else None, max_conn,
-                     pooler.servers_per_user.get(name, 0), 0, clients_per_user.get(name, 0)))
+                     view.servers_of_user(name), 0, clients_per_user.get(name, 0)))
     return result(
         "ssssiiii",
         "name pool_size reserve_pool_size pool_mode max_user_connections current_connections "
@@ -390,24 +270,23 @@ def show_users(pooler: Pooler) -> ResultSet:
     )
 
 
-def show_config(pooler: Pooler) -> ResultSet:
-    return result("ssss", "key value default changeable", config_rows(pooler.settings.pooler))
+def show_config(view: PoolerView) -> ResultSet:
+    return result("ssss", "key value default changeable", config_rows(view.settings.pooler))
 
 
-def lists(pooler: Pooler) -> list[tuple[str, int]]:
+def lists(view: PoolerView) -> list[tuple[str, int]]:
     """SHOW LISTS' rows; the slab-allocator lists (free_*) are always 0 in pypool."""
-    servers = sum(pool.server_count for pool in pooler.pools.values())
     return [
-        ("databases", len(database_names(pooler)) + 1),
-        ("users", len(user_names(pooler))),
+        ("databases", len(view.database_names()) + 1),
+        ("users", len(view.user_names())),
         ("peers", 0),
-        ("pools", len(pooler.pools) + 1),
+        ("pools", view.pool_count() + 1),
         ("peer_pools", 0),
         ("free_clients", 0),
-        ("used_clients", len(pooler.clients)),
-        ("login_clients", len(pooler.login_clients)),
+        ("used_clients", view.client_count()),
+        ("login_clients", view.login_client_count()),
         ("free_servers", 0),
-        ("used_servers", servers),
+        ("used_servers", view.server_count()),
         ("dns_names", 0),
         ("dns_zones", 0),
         ("dns_queries", 0),
@@ -415,27 +294,27 @@ def lists(pooler: Pooler) -> list[tuple[str, int]]:
     ]
 
 
-def show_lists(pooler: Pooler) -> ResultSet:
-    return result("si", "list items", lists(pooler))
+def show_lists(view: PoolerView) -> ResultSet:
+    return result("si", "list items", lists(view))
 
 
-def show_state(pooler: Pooler) -> ResultSet:
-    paused = pooler.paused_all
+def show_state(view: PoolerView) -> ResultSet:
+    paused = view.paused_all
     return result("ss", "key value", [("active", "no" if paused else "yes"),
                                       ("paused", "yes" if paused else "no"),
                                       ("suspended", "no")])
 
 
-def show_version(pooler: Pooler) -> ResultSet:
+def show_version(view: PoolerView) -> ResultSet:
     return result("s", "version", [(VERSION,)])
 
 
-def show_empty(types: str, columns: str) -> Callable[[Pooler], ResultSet]:
+def show_empty(types: str, columns: str) -> Callable[[PoolerView], ResultSet]:
     """A SHOW for a PgBouncer feature pypool does not have: the right columns, no rows."""
-    return lambda pooler: result(types, columns, [])
+    return lambda view: result(types, columns, [])
 
 
-SHOWS: dict[str, Callable[[Pooler], ResultSet]] = {
+SHOWS: dict[str, Callable[[PoolerView], ResultSet]] = {
     "clients": show_clients,
     "config": show_config,
     "databases": show_databases,

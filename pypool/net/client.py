@@ -61,8 +61,8 @@ from ..protocol.startup import (
 from .flow_control import ReadingSwitch
 
 if TYPE_CHECKING:
-    from ..admin.console import AdminSession
     from ..pooling.pool import Pool
+    from .hooks import ConsoleSession
     from .pooler import Pooler
     from .server import ServerConnection
 
@@ -112,7 +112,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self.database = ""
         self.pool: Pool | None = None
         self.server: ServerConnection | None = None
-        self.admin: AdminSession | None = None  # set when connected to the console
+        self.admin: ConsoleSession | None = None  # set when connected to the console
         # Tracked session parameters as this client should see them.
         self.params: dict[str, str] = {}
         self.startup_params: dict[str, str] = {}

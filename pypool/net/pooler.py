@@ -43,6 +43,7 @@ from ..settings import (
 )
 from . import pipeline
 from .client import ClientConnection, ClientState
+from .hooks import OpenConsole, ServeMetrics
 from .server import ServerConnection, ServerLoginError, ServerState
 
 log = logging.getLogger("pypool")
@@ -99,6 +100,10 @@ class Pooler:
         self.retired: dict[str, DatabaseEntry] = {}
         self.stats_periods = StatsPeriods(self.now())  # SHOW STATS averages, the stats line
         self.metrics_servers: list[asyncio.AbstractServer] = []
+        # The console and the metrics endpoint, plugged in at start-up (cli.build_pooler):
+        # net/ never imports them. None: no console, no metrics (net/hooks.py).
+        self.open_console: OpenConsole | None = None
+        self.serve_metrics: ServeMetrics | None = None
         self.load_auth()
 
     # --- start, reload, stop --------------------------------------------------------------
@@ -115,11 +120,9 @@ class Pooler:
 
     async def start(self) -> None:
         cfg = self.settings.pooler
-        if cfg.metrics_port:  # first, so it is up by the time clients can connect
-            from ..metrics import serve_metrics
-
-            self.metrics_servers = await serve_metrics(
-                self, cfg.metrics_addr or cfg.listen_addr, cfg.metrics_port
+        if cfg.metrics_port and self.serve_metrics is not None:  # first: up before clients
+            self.metrics_servers = await self.serve_metrics(
+                cfg.metrics_addr or cfg.listen_addr, cfg.metrics_port
             )
         # "*" is every address: None to create_server. (One list, typed for that: compiled,
         # a list[str] holding None raises TypeError.)
@@ -556,9 +559,10 @@ class Pooler:
                 break
         client.cancel_key = key
         if client.database in ADMIN_DATABASES:
-            from ..admin.console import open_console
-
-            open_console(self, client)
+            if self.open_console is None:
+                raise PoolerError(f"no such database: {client.database}",
+                                  errors.PROTOCOL_VIOLATION)
+            self.open_console(client)
             return
         entry = self.settings.database(client.database)
         if entry is None:
