@@ -38,3 +38,73 @@ def test_sans_io_modules_import_no_io(path: Path) -> None:
 def test_the_scan_sees_the_core() -> None:
     files = [p for layer in SANS_IO for p in (PACKAGE / layer).rglob("*.py")]
     assert len(files) >= 8
+
+
+# --- no cycle between the network layer and the console and metrics above it ---------------
+
+
+def _modules_imported(path: Path) -> set[str]:
+    """Every module `path` imports, anywhere in it (inside functions and TYPE_CHECKING
+    blocks too), as absolute dotted names: `from ..admin import show` in pypool/net/x.py
+    gives pypool.admin and pypool.admin.show."""
+    package = ["pypool", *path.relative_to(PACKAGE).parent.parts]
+    tree = ast.parse(path.read_text(), str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _reaches(names: set[str], targets: tuple[str, ...]) -> list[str]:
+    return sorted(n for n in names if any(n == t or n.startswith(t + ".") for t in targets))
+
+
+ABOVE_NET = ("pypool.admin", "pypool.metrics", "pypool.observe")
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "net").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_network_layer_never_imports_the_console_or_metrics(path: Path) -> None:
+    """net/ calls the console and metrics only through the hooks cli.py sets at start-up."""
+    bad = _reaches(_modules_imported(path), ABOVE_NET)
+    assert not bad, f"{path.name} imports {bad}"
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted([*(PACKAGE / "admin").rglob("*.py"), PACKAGE / "metrics.py",
+            *(PACKAGE / "observe").rglob("*.py")]),
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_console_and_metrics_read_the_pooler_through_the_view(path: Path) -> None:
+    """admin/, metrics.py and observe/ never import net/, not even for type checking: they
+    see the pooler through observe/view.py's Protocols."""
+    bad = _reaches(_modules_imported(path), ("pypool.net",))
+    assert not bad, f"{path.name} imports {bad}"
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "observe").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_view_is_plain_data(path: Path) -> None:
+    """observe/ takes snapshots; it has no event loop, no sockets and no console."""
+    names = _modules_imported(path)
+    bad = _reaches(names, ("asyncio", "uvloop", "socket", "selectors", "pypool.admin",
+                           "pypool.metrics"))
+    assert not bad, f"{path.name} imports {bad}"
+
+
+def test_the_cycle_scan_sees_its_files() -> None:
+    assert len(list((PACKAGE / "net").rglob("*.py"))) >= 5
+    assert (PACKAGE / "observe" / "view.py").exists()
+    # The scan resolves relative imports: it would catch the imports this change removed.
+    probe = PACKAGE / "net" / "pooler.py"
+    assert "pypool.net.client" in _modules_imported(probe)
