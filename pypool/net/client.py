@@ -1,13 +1,7 @@
 """One client connection: its login, and the client-to-server hot path.
 
-States (one line each):
-  STARTUP   reading the startup packet (after answering SSLRequest/GSSENCRequest with 'N')
-  AUTH      password exchange in progress (SCRAM, md5 or cleartext)
-  WELCOME   authenticated, waiting for its pool to know the server's parameters
-  IDLE      logged in, holds no server
-  WAITING   has sent a request and waits in its pool's queue for a server
-  ACTIVE    linked to a server; its bytes go straight to that server
-  CLOSED    gone
+States: STARTUP, AUTH, WELCOME, IDLE, WAITING, ACTIVE, CLOSED, changed only through the
+(state, event) table in core/states.py, which says what each means.
 
 Reply bookkeeping, which decides when a server can be handed on, is the sans-IO
 `FrontendLedger` (core/ledger.py): this Protocol tells it each message type the client sends
@@ -27,7 +21,6 @@ import logging
 import os
 import socket
 import struct
-from enum import Enum
 from typing import TYPE_CHECKING, Final
 
 from ..auth.md5 import is_md5_hash, md5_hash, md5_response
@@ -41,6 +34,7 @@ from ..auth.scram import (
 )
 from ..core import ledger as lg
 from ..core.ledger import FrontendLedger
+from ..core.states import ClientEvent, ClientState, client_transition
 from ..pooling import prepared
 from ..pooling.params import canonical_name, same_encoding
 from ..protocol import errors
@@ -68,30 +62,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pypool.client")
 
-
-class ClientState(Enum):
-    STARTUP = "startup"
-    AUTH = "auth"
-    WELCOME = "welcome"
-    IDLE = "idle"
-    WAITING = "waiting"
-    ACTIVE = "active"
-    CLOSED = "closed"
-
-
-_ALLOWED: Final = {
-    ClientState.STARTUP: {ClientState.AUTH, ClientState.WELCOME, ClientState.CLOSED},
-    ClientState.AUTH: {ClientState.WELCOME, ClientState.CLOSED},
-    ClientState.WELCOME: {ClientState.IDLE, ClientState.CLOSED},
-    ClientState.IDLE: {ClientState.WAITING, ClientState.ACTIVE, ClientState.CLOSED},
-    ClientState.WAITING: {ClientState.ACTIVE, ClientState.CLOSED},
-    ClientState.ACTIVE: {ClientState.IDLE, ClientState.CLOSED},
-    ClientState.CLOSED: set(),
-}
-# The same table as a tuple on each member: set_state runs several times per transaction, and
-# an Enum's hash (a dict lookup) or `.value` is a Python-level call; attribute access is not.
-for _state, _targets in _ALLOWED.items():
-    _state.next_states = tuple(_targets)  # type: ignore[attr-defined]
 
 # Startup parameters that are not session settings and need no tracking.
 _PLAIN_STARTUP_KEYS: Final = frozenset({"user", "database", "replication"})
@@ -156,10 +126,9 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
     def __repr__(self) -> str:
         return f"C-{self.id}:{self.database}/{self.user}@{self.peer[0]}:{self.peer[1]}"
 
-    def set_state(self, new: ClientState) -> None:
-        if new not in self.state.next_states:  # type: ignore[attr-defined]
-            raise RuntimeError(f"client {self.id}: illegal transition {self.state} -> {new}")
-        self.state = new
+    def on(self, event: ClientEvent) -> None:
+        """Move to the state the table (core/states.py) gives for `event`."""
+        self.state = client_transition(self.state, event)
         self.state_since = self.pooler.now()
 
     # --- asyncio.Protocol -----------------------------------------------------------------
@@ -311,7 +280,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         if auth_type in ("trust", "any"):
             self.authenticated(None)
         else:
-            self.set_state(ClientState.AUTH)
+            self.on(ClientEvent.AUTH_REQUESTED)
             # A password or SASL step is small: refuse a bigger header before its body.
             self._messages.max_size = min(self._max_packet, MAX_AUTH_MESSAGE + HEADER_SIZE)
             use_md5 = auth_type == "md5" and not (secret and secret.startswith(MECHANISM))
@@ -417,9 +386,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
     def authenticated(self, scram_client_key: bytes | None) -> None:
         """The password checked out. AuthenticationOk waits for the welcome, so that an
         unknown database or a failing server login is reported in its place."""
-        if self.state is ClientState.STARTUP:
-            self.set_state(ClientState.AUTH)
-        self.set_state(ClientState.WELCOME)
+        self.on(ClientEvent.AUTHENTICATED)
         self.pooler.client_authenticated(self, scram_client_key)
 
     def welcome(self, server_params: dict[str, str]) -> None:
@@ -442,7 +409,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         out.append(m.backend_key_data(*self.cancel_key))
         out.append(m.ready_for_query(m.TX_IDLE))
         self.write(b"".join(out))
-        self.set_state(ClientState.IDLE)
+        self.on(ClientEvent.WELCOMED)
         cfg = self.pooler.settings.pooler
         pool = self.pool
         if (cfg.max_prepared_statements > 0 and pool is not None and self.admin is None

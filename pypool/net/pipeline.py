@@ -41,9 +41,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..core.states import ClientEvent, ClientState
 from ..pooling.params import covers
 from ..protocol import messages as m
-from .client import ClientState
 
 if TYPE_CHECKING:
     from .client import ClientConnection
@@ -152,7 +152,7 @@ def follow(server: ServerConnection, client: ClientConnection) -> bytes:
     last._blocked = True  # what it sends from now on waits for a server of its own
     server.chain.append(client)
     client.server = server
-    client.set_state(ClientState.ACTIVE)
+    client.on(ClientEvent.LINKED)
     server.pool.stats.pipelined_count += 1
     return client.take_outbox(server)
 

@@ -26,6 +26,7 @@ from .. import compiled
 from ..auth.auth_file import load_auth_file
 from ..auth.md5 import is_md5_hash
 from ..auth.scram import ScramVerifier, is_scram_verifier
+from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
 from ..pooling.params import covers
 from ..pooling.pool import Pool, PoolLimits
 from ..pooling.prepared import Registry
@@ -42,9 +43,9 @@ from ..settings import (
     worker_share,
 )
 from . import pipeline
-from .client import ClientConnection, ClientState
+from .client import ClientConnection
 from .hooks import OpenConsole, ServeMetrics
-from .server import ServerConnection, ServerLoginError, ServerState
+from .server import ServerConnection, ServerLoginError
 
 log = logging.getLogger("pypool")
 
@@ -479,7 +480,7 @@ class Pooler:
         """Forget a server that is gone; its client, if it had one, gets an error."""
         if server.state is ServerState.CLOSED:
             return
-        server.state = ServerState.CLOSED
+        server.on(ServerEvent.CLOSED)
         pool = server.pool
         pool.forget(server)
         server.statements.close()
@@ -605,7 +606,7 @@ class Pooler:
     def client_closed(self, client: ClientConnection, reason: str) -> None:
         if client.state is ClientState.CLOSED:
             return
-        client.state = ClientState.CLOSED
+        client.on(ClientEvent.CLOSED)
         self.clients.discard(client)
         self.login_clients.discard(client)
         self.cancel_keys.pop(client.cancel_key, None)
@@ -663,7 +664,7 @@ class Pooler:
         if failing is not None:
             client.fail(failing)
             return
-        client.set_state(ClientState.WAITING)
+        client.on(ClientEvent.QUEUED)
         client.wait_start = client.state_since
         client.wait_notified = False
         pool.enqueue(client)
@@ -685,8 +686,8 @@ class Pooler:
         pool.active.add(server)
         client.server = server
         server.client = client
-        client.set_state(ClientState.ACTIVE)
-        server.set_state(ServerState.ACTIVE)
+        client.on(ClientEvent.LINKED)
+        server.on(ServerEvent.LINKED)
         client.link_time = now
         server.request_time = now
         pool.stats.server_assignment_count += 1
@@ -716,7 +717,7 @@ class Pooler:
             server.client = None
             client.server = None
             client._blocked = False
-            client.set_state(ClientState.IDLE)
+            client.on(ClientEvent.RELEASED)
             server.close(f"server_check_query failed: {why}")
             self.request_server(client)
         else:
@@ -791,7 +792,7 @@ class Pooler:
             return
         if client._reading_paused:
             client.resume_reading()
-        client.set_state(ClientState.IDLE)
+        client.on(ClientEvent.RELEASED)
         if server.chain:
             pipeline.hand_on(self, server, now)
         elif server.statements.detach():
@@ -832,7 +833,7 @@ class Pooler:
                 server.close(reason)
                 return
         if server.state is not ServerState.IDLE:
-            server.set_state(ServerState.IDLE)
+            server.on(ServerEvent.FREED)
         server.request_time = now  # free since now (server_check_delay counts from here)
         if not pool.paused:
             while (client := pool.dequeue()) is not None:

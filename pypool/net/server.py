@@ -1,11 +1,7 @@
 """One connection from the pooler to PostgreSQL: its login, and the server-to-client hot path.
 
-States (one line each):
-  CONNECTING  TCP connect in progress
-  LOGIN       StartupMessage sent, authenticating, collecting ParameterStatus/BackendKeyData
-  IDLE        logged in, in its pool's idle stack, no client
-  ACTIVE      linked to a client; its replies are forwarded to that client
-  CLOSED      gone; never reused
+States: CONNECTING, LOGIN, IDLE, ACTIVE, CLOSED, changed only through the (state, event)
+table in core/states.py, which says what each means.
 
 The server is never handed on while replies are owed: the release decision is taken on a
 ReadyForQuery with status `I` when the linked client owes nothing more (see client.py).
@@ -22,11 +18,11 @@ import asyncio
 import logging
 import socket
 from collections import deque
-from enum import Enum
 from typing import TYPE_CHECKING, Final
 
 from ..auth.md5 import md5_response_from_secret
 from ..auth.scram import MECHANISM, ScramAuthError, ScramClientLogin
+from ..core.states import ServerEvent, ServerState, server_transition
 from ..pooling import prepared
 from ..pooling.params import covers, set_statements
 from ..protocol import messages as m
@@ -40,26 +36,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pypool.server")
 
-
-class ServerState(Enum):
-    CONNECTING = "connecting"
-    LOGIN = "login"
-    IDLE = "idle"
-    ACTIVE = "active"
-    CLOSED = "closed"
-
-
-_ALLOWED: Final = {
-    ServerState.CONNECTING: {ServerState.LOGIN, ServerState.CLOSED},
-    ServerState.LOGIN: {ServerState.IDLE, ServerState.ACTIVE, ServerState.CLOSED},
-    ServerState.IDLE: {ServerState.ACTIVE, ServerState.CLOSED},
-    ServerState.ACTIVE: {ServerState.IDLE, ServerState.CLOSED},
-    ServerState.CLOSED: set(),
-}
-# The same table as a tuple on each member: set_state runs several times per transaction, and
-# an Enum's hash (a dict lookup) or `.value` is a Python-level call; attribute access is not.
-for _state, _targets in _ALLOWED.items():
-    _state.next_states = tuple(_targets)  # type: ignore[attr-defined]
 
 _ids = iter(range(1, 1 << 62))
 # Replies the hot path passes through without a look, indexed by type byte (every type but
@@ -142,10 +118,9 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
 
     # --- state ----------------------------------------------------------------------------
 
-    def set_state(self, new: ServerState) -> None:
-        if new not in self.state.next_states:  # type: ignore[attr-defined]
-            raise RuntimeError(f"server {self.id}: illegal transition {self.state} -> {new}")
-        self.state = new
+    def on(self, event: ServerEvent) -> None:
+        """Move to the state the table (core/states.py) gives for `event`."""
+        self.state = server_transition(self.state, event)
 
     def __repr__(self) -> str:
         return f"S-{self.id}:{self.pool.database}/{self.pool.user}@{self.host}:{self.port}"
@@ -161,7 +136,7 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
                 self.local_port = sock.getsockname()[1]
             except OSError:
                 pass
-        self.set_state(ServerState.LOGIN)
+        self.on(ServerEvent.CONNECTED)
         params = {"user": self.credentials.user, "database": self.dbname}
         params.update(self.startup_params)
         self.transport.write(m.startup_message(params))  # type: ignore[union-attr]

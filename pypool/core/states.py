@@ -1,0 +1,114 @@
+"""The life of a client and of a server connection, as (state, event) -> state tables.
+
+Each connection holds one state; it changes only through `transition(state, event)`, which
+looks the pair up in its table and raises `IllegalTransition` for a pair the table does not
+list: a transition nobody planned is a bug to see at once, not a flag to fall through.
+
+Client states (one line each):
+  STARTUP   reading the startup packet (SSLRequest and GSSENCRequest are answered 'N' here)
+  AUTH      the password exchange is in progress (SCRAM, md5 or cleartext)
+  WELCOME   authenticated; waits for its pool to know the server's parameters
+  IDLE      logged in, holds no server
+  WAITING   sent a request and waits in its pool's queue for a server
+  ACTIVE    linked to a server (or queued on one behind another client: net/pipeline.py)
+  CLOSED    gone; never reused
+
+Server states:
+  CONNECTING  TCP connect in progress
+  LOGIN       StartupMessage sent; authenticating, collecting ParameterStatus/BackendKeyData
+  IDLE        logged in and free (in its pool's idle stack, or being canceled)
+  ACTIVE      linked to a client
+  CLOSED      gone; never reused
+"""
+
+from __future__ import annotations
+
+from enum import Enum, IntEnum
+
+
+class IllegalTransition(RuntimeError):
+    """A (state, event) pair that no table lists: a bug in the pooler, never the peer's."""
+
+
+class ClientState(Enum):
+    STARTUP = "startup"
+    AUTH = "auth"
+    WELCOME = "welcome"
+    IDLE = "idle"
+    WAITING = "waiting"
+    ACTIVE = "active"
+    CLOSED = "closed"
+
+
+class ClientEvent(IntEnum):
+    AUTH_REQUESTED = 0  # the pooler asked for a password
+    AUTHENTICATED = 1  # the password checked out (or none was needed)
+    WELCOMED = 2  # AuthenticationOk ... ReadyForQuery sent
+    QUEUED = 3  # needs a server and none is free
+    LINKED = 4  # given a server (or a place in a server's line)
+    RELEASED = 5  # its transaction is over; the server went back (or its check failed)
+    CLOSED = 6  # the connection is gone, for whatever reason
+
+
+class ServerState(Enum):
+    CONNECTING = "connecting"
+    LOGIN = "login"
+    IDLE = "idle"
+    ACTIVE = "active"
+    CLOSED = "closed"
+
+
+class ServerEvent(IntEnum):
+    CONNECTED = 0  # TCP is up, the StartupMessage goes out
+    FREED = 1  # logged in, or its client let it go
+    LINKED = 2  # handed to a client
+    CLOSED = 3  # the connection is gone
+
+
+CLIENT_TRANSITIONS: dict[tuple[ClientState, ClientEvent], ClientState] = {
+    (ClientState.STARTUP, ClientEvent.AUTH_REQUESTED): ClientState.AUTH,
+    (ClientState.STARTUP, ClientEvent.AUTHENTICATED): ClientState.WELCOME,  # trust
+    (ClientState.AUTH, ClientEvent.AUTHENTICATED): ClientState.WELCOME,
+    (ClientState.WELCOME, ClientEvent.WELCOMED): ClientState.IDLE,
+    (ClientState.IDLE, ClientEvent.QUEUED): ClientState.WAITING,
+    (ClientState.IDLE, ClientEvent.LINKED): ClientState.ACTIVE,
+    (ClientState.WAITING, ClientEvent.LINKED): ClientState.ACTIVE,
+    (ClientState.ACTIVE, ClientEvent.RELEASED): ClientState.IDLE,
+    **{(state, ClientEvent.CLOSED): ClientState.CLOSED
+       for state in ClientState if state is not ClientState.CLOSED},
+}
+
+SERVER_TRANSITIONS: dict[tuple[ServerState, ServerEvent], ServerState] = {
+    (ServerState.CONNECTING, ServerEvent.CONNECTED): ServerState.LOGIN,
+    (ServerState.LOGIN, ServerEvent.FREED): ServerState.IDLE,
+    (ServerState.IDLE, ServerEvent.LINKED): ServerState.ACTIVE,
+    (ServerState.ACTIVE, ServerEvent.FREED): ServerState.IDLE,
+    **{(state, ServerEvent.CLOSED): ServerState.CLOSED
+       for state in ServerState if state is not ServerState.CLOSED},
+}
+
+
+def _index(table: dict, states: type[Enum], events: type[IntEnum]) -> None:
+    """The same table as a tuple on each state, indexed by event (None: not allowed).
+    Transitions run several times per transaction, and a tuple index off an attribute is
+    the cheapest lookup there is, compiled or not; the dict above stays the definition."""
+    for state in states:
+        state.after = tuple(table.get((state, event)) for event in events)  # type: ignore[attr-defined]
+
+
+_index(CLIENT_TRANSITIONS, ClientState, ClientEvent)
+_index(SERVER_TRANSITIONS, ServerState, ServerEvent)
+
+
+def client_transition(state: ClientState, event: ClientEvent) -> ClientState:
+    target: ClientState | None = state.after[event]  # type: ignore[attr-defined]
+    if target is None:
+        raise IllegalTransition(f"client: no transition from {state.name} on {event.name}")
+    return target
+
+
+def server_transition(state: ServerState, event: ServerEvent) -> ServerState:
+    target: ServerState | None = state.after[event]  # type: ignore[attr-defined]
+    if target is None:
+        raise IllegalTransition(f"server: no transition from {state.name} on {event.name}")
+    return target

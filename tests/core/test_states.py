@@ -1,0 +1,80 @@
+"""The (state, event) -> state tables: what is listed moves, everything else raises."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from pypool.core.states import (
+    CLIENT_TRANSITIONS,
+    SERVER_TRANSITIONS,
+    ClientEvent,
+    ClientState,
+    IllegalTransition,
+    ServerEvent,
+    ServerState,
+    client_transition,
+    server_transition,
+)
+
+pytestmark = pytest.mark.timeout(10)
+
+
+@pytest.mark.parametrize(("state", "event"), list(itertools.product(ClientState, ClientEvent)),
+                         ids=lambda x: x.name)
+def test_client_pairs(state: ClientState, event: ClientEvent) -> None:
+    if (state, event) in CLIENT_TRANSITIONS:
+        assert client_transition(state, event) is CLIENT_TRANSITIONS[state, event]
+    else:
+        with pytest.raises(IllegalTransition, match=f"{state.name} on {event.name}"):
+            client_transition(state, event)
+
+
+@pytest.mark.parametrize(("state", "event"), list(itertools.product(ServerState, ServerEvent)),
+                         ids=lambda x: x.name)
+def test_server_pairs(state: ServerState, event: ServerEvent) -> None:
+    if (state, event) in SERVER_TRANSITIONS:
+        assert server_transition(state, event) is SERVER_TRANSITIONS[state, event]
+    else:
+        with pytest.raises(IllegalTransition):
+            server_transition(state, event)
+
+
+def test_a_transaction_in_transaction_mode() -> None:
+    """Login, two transactions (one queued), close: the path every client takes."""
+    state = ClientState.STARTUP
+    for event in (ClientEvent.AUTH_REQUESTED, ClientEvent.AUTHENTICATED, ClientEvent.WELCOMED,
+                  ClientEvent.LINKED, ClientEvent.RELEASED, ClientEvent.QUEUED,
+                  ClientEvent.LINKED, ClientEvent.RELEASED, ClientEvent.CLOSED):
+        state = client_transition(state, event)
+    assert state is ClientState.CLOSED
+
+
+def test_closed_is_final_and_every_other_state_can_close() -> None:
+    for state in ClientState:
+        if state is ClientState.CLOSED:
+            assert all((state, e) not in CLIENT_TRANSITIONS for e in ClientEvent)
+        else:
+            assert client_transition(state, ClientEvent.CLOSED) is ClientState.CLOSED
+    for sstate in ServerState:
+        if sstate is ServerState.CLOSED:
+            assert all((sstate, e) not in SERVER_TRANSITIONS for e in ServerEvent)
+        else:
+            assert server_transition(sstate, ServerEvent.CLOSED) is ServerState.CLOSED
+
+
+def test_no_state_is_assigned_around_the_table() -> None:
+    """Outside a constructor, the net layer changes a connection's state only through its
+    on() method (which uses the table)."""
+    import pathlib
+    import re
+
+    net = pathlib.Path(__file__).resolve().parents[2] / "pypool" / "net"
+    offenders = []
+    for path in net.glob("*.py"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\.state = (Client|Server)State\.", line) and "__init__" not in line:
+                offenders.append(f"{path.name}:{number}: {line.strip()}")
+    # The two constructors set the initial state.
+    assert [o for o in offenders if "STARTUP" not in o and "CONNECTING" not in o] == []
