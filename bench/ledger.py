@@ -87,6 +87,20 @@ INSERT_JOURNAL = (
     "INSERT INTO journal (transfer_id, from_id, to_id, amount) VALUES ($1, $2, $3, $4)"
     " RETURNING pg_current_xact_id()::text"
 )
+# The whole transfer as one statement, so one implicit transaction: the shape pypool may
+# pipeline (write waiting clients' requests behind it on a busy server, net/pipeline.py).
+# The accounts are locked in id order as the explicit transfers lock them; the reply names
+# the transfer, so a client handed another client's reply notices.
+TRANSFER_STATEMENT = (
+    "WITH locked AS (SELECT id FROM accounts WHERE id IN ($2::int, $3::int)"
+    " ORDER BY id FOR UPDATE),"
+    " moved AS (UPDATE accounts AS a"
+    " SET balance = a.balance + CASE WHEN a.id = $2::int THEN -$4::int ELSE $4::int END"
+    " FROM locked WHERE a.id = locked.id),"
+    " entry AS (INSERT INTO journal (transfer_id, from_id, to_id, amount)"
+    " VALUES ($1::text, $2::int, $3::int, $4::int) RETURNING transfer_id)"
+    " SELECT transfer_id || ' ' || pg_current_xact_id()::text FROM entry, pg_sleep($5::float8)"
+)
 
 
 # -- what the clients know ---------------------------------------------------------------
@@ -114,11 +128,15 @@ class Attempt:
 
     transfer: Transfer
     driver: str
+    single: bool = False  # one statement (TRANSFER_STATEMENT), not BEGIN ... COMMIT
+    statement_seconds: float = 0.0  # how long the single statement sleeps (pg_sleep)
     xid: str | None = None  # known once the INSERT answered
-    commit_sent: bool = False
+    commit_sent: bool = False  # for a single statement: the statement itself was sent
     acknowledged: bool = False
     refused: bool = False  # COMMIT answered, but not with COMMIT
     killed: str = ""  # how the harness killed it, if it did
+    own_cancel: bool = False  # its client cancelled it (a late cancel, racing the reply)
+    misrouted: str = ""  # a reply that named another transfer
     error: str = ""
 
     @property
@@ -283,27 +301,66 @@ def _answered(attempt: Attempt, status: str) -> None:
         attempt.error = f"COMMIT answered {status!r}"
 
 
+def _replied(attempt: Attempt, reply: Any) -> None:
+    transfer_id, _, xid = str(reply).partition(" ")
+    if transfer_id != attempt.transfer.id:
+        attempt.misrouted = str(reply)  # and its own outcome stays ambiguous
+        return
+    attempt.xid = xid
+    attempt.acknowledged = True
+
+
+def _send_single(client: Client, attempt: Attempt) -> Any:
+    t = attempt.transfer
+    attempt.commit_sent = True  # the statement is its own COMMIT
+    return client.fetchval(
+        TRANSFER_STATEMENT, t.id, t.from_id, t.to_id, t.amount, attempt.statement_seconds
+    )
+
+
 async def transfer(client: Client, attempt: Attempt) -> None:
     """One whole transfer; `attempt` records how far it got. Raises whatever the driver
     raised."""
+    if attempt.single:
+        _replied(attempt, await _send_single(client, attempt))
+        return
     await _until_commit(client, attempt)
     attempt.commit_sent = True
     _answered(attempt, await client.execute("COMMIT"))
 
 
 async def commit_and_die(client: Client, attempt: Attempt) -> None:
-    """A whole transfer whose client dies abruptly as soon as its COMMIT has left:
-    ambiguous by design. The pooler must still take the COMMIT's answer off the server
-    instead of handing it to the next client."""
-    await _until_commit(client, attempt)
-    attempt.commit_sent = True
-    commit = asyncio.ensure_future(client.execute("COMMIT"))
-    await asyncio.sleep(0)  # the commit task's first step writes the Query
+    """A whole transfer whose client dies abruptly as soon as its COMMIT (or its single
+    statement) has left: ambiguous by design. The pooler must still take the answer off
+    the server instead of handing it to the next client, also when the dead client was
+    queued in a pipeline."""
+    if attempt.single:
+        sent, answered = asyncio.ensure_future(_send_single(client, attempt)), _replied
+    else:
+        await _until_commit(client, attempt)
+        attempt.commit_sent = True
+        sent, answered = asyncio.ensure_future(client.execute("COMMIT")), _answered
+    await asyncio.sleep(0)  # the task's first step writes the request
     await client.abort()
     try:  # done already if the answer beat the abort; no answer can come after it
-        _answered(attempt, await asyncio.wait_for(commit, 0.2))
+        answered(attempt, await asyncio.wait_for(sent, 0.2))
     except Exception:  # noqa: BLE001 - the usual case
         pass
+
+
+async def cancel_late(client: Client, attempt: Attempt, rng: random.Random) -> None:
+    """A single-statement transfer whose client gives up on it after 0-4 ms, about when
+    its answer comes: the driver's CancelRequest races the end of the statement, as an
+    application's timeout would. Whatever it hits must be this client's statement or
+    nothing; the client then closes. Ambiguous by design."""
+    attempt.own_cancel = True
+    try:
+        _replied(
+            attempt, await asyncio.wait_for(_send_single(client, attempt), rng.uniform(0, 0.004))
+        )
+    except Exception:  # noqa: BLE001 - TimeoutError, or the cancel's own error
+        pass
+    await client.close()
 
 
 async def doomed_transfer(client: Client, attempt: Attempt, how: str) -> None:
@@ -335,6 +392,9 @@ class Config:
     restarts: int = 1  # PostgreSQL restarts, spread evenly over the run
     restart_mode: RestartMode = "immediate"
     transfer_timeout: float = 15.0  # a transfer stuck longer is given up (and counted)
+    single_share: float = 0.5  # the share of transfers sent as one statement
+    statement_ms: float = 0.0  # a single statement's pg_sleep, holding its server
+    late_cancel_every: float = 0.0  # mean seconds between late cancels (cancel_late); 0: none
     seed: int | None = None
 
 
@@ -342,6 +402,7 @@ class Config:
 class Faults:
     terminated: int = 0
     killed: Counter[str] = field(default_factory=Counter)
+    late_cancels: int = 0
     restarts: int = 0
     restart_seconds: float = 0.0
 
@@ -371,6 +432,7 @@ class Run:
         self.tally = Tally()
         self.deadline = time.monotonic() + cfg.duration
         self.kills_due = 0
+        self.late_cancels_due = 0
         self.kill_turns: Counter[tuple[str, ...]] = Counter()
         self.restarting = False
 
@@ -392,6 +454,12 @@ class Run:
         self.kills_due -= 1
         self.kill_turns[kills] += 1
         return kills[self.kill_turns[kills] % len(kills)]
+
+    def take_late_cancel(self) -> str:
+        if self.late_cancels_due <= 0:
+            return ""
+        self.late_cancels_due -= 1
+        return "cancel-late"
 
     async def sleep_until_over(self, seconds: float) -> bool:
         """Sleep up to `seconds`; False once the run is over."""
@@ -416,18 +484,25 @@ async def _client_loop(run: Run, n: int, dsn: str) -> None:
                     run.tally.connect_errors[f"{type(exc).__name__}: {exc}"[:120]] += 1
                     await asyncio.sleep(0.1)
                     continue
-            attempt = Attempt(run.new_transfer(), kind.driver)
+            how = run.take_kill(kind.kills) or run.take_late_cancel()
+            single = how == "cancel-late" or (
+                how in ("", "commit-eof", "commit-reset") and run.rng.random() < cfg.single_share
+            )
+            attempt = Attempt(run.new_transfer(), kind.driver, single, cfg.statement_ms / 1000)
             run.tally.attempts.append(attempt)
-            how = run.take_kill(kind.kills)
             try:
                 if how:
-                    dying = (
-                        commit_and_die(client, attempt)
-                        if how.startswith("commit-")
-                        else doomed_transfer(client, attempt, how)
-                    )
+                    if how == "cancel-late":
+                        dying = cancel_late(client, attempt, run.rng)
+                    elif how.startswith("commit-"):
+                        dying = commit_and_die(client, attempt)
+                    else:
+                        dying = doomed_transfer(client, attempt, how)
                     await asyncio.wait_for(dying, cfg.transfer_timeout)
-                    run.tally.faults.killed[f"{kind.driver} {how}"] += 1
+                    if how == "cancel-late":
+                        run.tally.faults.late_cancels += 1
+                    else:
+                        run.tally.faults.killed[f"{kind.driver} {how}"] += 1
                     run.tally.inherited_transactions += client.inherited
                     client = None
                 else:
@@ -455,6 +530,13 @@ async def _schedule_kills(run: Run) -> None:
         return
     while await run.sleep_until_over(run.rng.expovariate(1 / run.cfg.kill_every)):
         run.kills_due += 1
+
+
+async def _schedule_late_cancels(run: Run) -> None:
+    if run.cfg.late_cancel_every <= 0:
+        return
+    while await run.sleep_until_over(run.rng.expovariate(1 / run.cfg.late_cancel_every)):
+        run.late_cancels_due += 1
 
 
 async def _terminate_servers(run: Run, admin_dsn: str, dbname: str) -> None:
@@ -525,6 +607,7 @@ async def run_ledger(
     started = time.monotonic()
     injectors = [
         asyncio.create_task(_schedule_kills(run)),
+        asyncio.create_task(_schedule_late_cancels(run)),
         asyncio.create_task(_terminate_servers(run, admin_dsn, dbname)),
         asyncio.create_task(_restart_postgres(run, restart)),
     ]
@@ -591,6 +674,7 @@ class Verdict:
     inherited_transactions: int
     idle_in_transaction: int
     cancelled_innocents: list[str]  # a query cancelled that nobody meant to cancel
+    misrouted_replies: list[str]  # a client got a reply naming another transfer
 
     def broken(self) -> list[str]:
         """One line per invariant that does not hold; empty when all do."""
@@ -636,6 +720,11 @@ class Verdict:
             (
                 self.idle_in_transaction > 0,
                 f"{self.idle_in_transaction} backends left idle in transaction",
+            ),
+            (
+                bool(self.misrouted_replies),
+                f"{len(self.misrouted_replies)} replies reached the wrong client:"
+                f" {self.misrouted_replies[:5]}",
             ),
             (
                 bool(self.cancelled_innocents),
@@ -707,12 +796,15 @@ def check(cfg: Config, tally: Tally, admin_dsn: str, dbname: str) -> Verdict:
         ambiguous_rolled_back=sum(1 for a in ambiguous if a.transfer.id not in journal),
         inherited_transactions=tally.inherited_transactions,
         idle_in_transaction=in_transaction_backends(admin_dsn, dbname),
-        # Only the "cancel" kills send a CancelRequest, and always while their own
-        # transaction holds its server: it can reach nobody else's query.
+        # Only the "cancel" kills and late cancels send a CancelRequest; either may hit
+        # its own query, never another client's.
         cancelled_innocents=[
             a.transfer.id
             for a in tally.attempts
-            if not a.killed and QUERY_CANCELED_MESSAGE in a.error
+            if not (a.killed or a.own_cancel) and QUERY_CANCELED_MESSAGE in a.error
+        ],
+        misrouted_replies=[
+            f"{a.transfer.id} got {a.misrouted!r}" for a in tally.attempts if a.misrouted
         ],
     )
 
@@ -731,9 +823,12 @@ def summary(name: str, tally: Tally, verdict: Verdict, verbose: bool = False) ->
         f"  ambiguous           {tally.count(Outcome.AMBIGUOUS)}"
         f" (committed {verdict.ambiguous_committed},"
         f" rolled back {verdict.ambiguous_rolled_back})",
+        f"  sent as one statement {sum(a.single for a in tally.attempts)}"
+        f" ({sum(a.single and a.acknowledged for a in tally.attempts)} acknowledged)",
         f"journal rows          {verdict.journal_rows}",
         f"faults: servers terminated {f.terminated}; clients killed: {killed};"
-        f" PostgreSQL restarts {f.restarts} ({f.restart_seconds:.1f} s)",
+        f" late cancels {f.late_cancels}; PostgreSQL restarts {f.restarts}"
+        f" ({f.restart_seconds:.1f} s)",
         "errors seen: " + (", ".join(f"{k} {n}" for k, n in errors.most_common(6)) or "none"),
     ]
     if verbose:
@@ -754,7 +849,7 @@ APP_USER, APP_PASSWORD = "ledger_app", "ledger-secret"
 
 
 def _start_pooler(
-    kind: str, pg: Any, dbname: str, pool_size: int, work: Path
+    kind: str, pg: Any, dbname: str, pool_size: int, work: Path, extra: str = ""
 ) -> tuple[subprocess.Popen[bytes], int]:
     from pypool.embedded import free_port
 
@@ -768,7 +863,7 @@ def _start_pooler(
         f"auth_type = scram-sha-256\nauth_file = {userlist}\npool_mode = transaction\n"
         f"default_pool_size = {pool_size}\nmax_client_conn = 1000\n"
         "server_login_retry = 1\nquery_wait_timeout = 30\n"
-        "log_connections = 0\nlog_disconnections = 0\n"
+        "log_connections = 0\nlog_disconnections = 0\n" + extra
     )
     log = open(work / f"{kind}.log", "ab")
     if kind == "pgbouncer":
@@ -810,6 +905,9 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds per pooler")
     parser.add_argument("--clients", type=int, default=30)
     parser.add_argument("--pool-size", type=int, default=4, help="default_pool_size")
+    parser.add_argument(
+        "--pipeline-depth", type=int, default=0, help="pypool's pipeline_depth (its default: 0)"
+    )
     parser.add_argument("--accounts", type=int, default=50)
     parser.add_argument(
         "--terminate-every",
@@ -826,6 +924,24 @@ def main() -> int:
     parser.add_argument("--restarts", type=int, default=1, help="PostgreSQL restarts per run")
     parser.add_argument("--restart-mode", choices=("immediate", "fast"), default="immediate")
     parser.add_argument("--drivers", default="psycopg,asyncpg")
+    parser.add_argument(
+        "--single-share",
+        type=float,
+        default=0.5,
+        help="share of transfers sent as one statement (pipelined by pypool)",
+    )
+    parser.add_argument(
+        "--statement-ms",
+        type=float,
+        default=0.0,
+        help="pg_sleep in each single-statement transfer, in milliseconds",
+    )
+    parser.add_argument(
+        "--late-cancel-every",
+        type=float,
+        default=0.05,
+        help="mean seconds between late cancels, racing the end of a statement (0: none)",
+    )
     parser.add_argument(
         "--poolers",
         default="pypool",
@@ -867,11 +983,15 @@ def main() -> int:
                 kill_every=args.kill_every,
                 restarts=args.restarts,
                 restart_mode=args.restart_mode,
+                single_share=args.single_share,
+                late_cancel_every=args.late_cancel_every,
+                statement_ms=args.statement_ms,
                 seed=args.seed,
             )
             dbname = f"ledger_{n}"
             create_ledger(pg.dsn(), dbname, APP_USER, cfg.accounts, cfg.initial_balance)
-            proc, port = _start_pooler(kind, pg, dbname, args.pool_size, work)
+            extra = f"pipeline_depth = {args.pipeline_depth}\n" if kind == "pypool" else ""
+            proc, port = _start_pooler(kind, pg, dbname, args.pool_size, work, extra)
             try:
                 dsn = f"postgresql://{APP_USER}:{APP_PASSWORD}@127.0.0.1:{port}/{dbname}"
                 tally = asyncio.run(
@@ -891,9 +1011,10 @@ def main() -> int:
                 verdict = check(cfg, tally, pg.dsn(), dbname)
             finally:
                 _stop_pooler(proc)
+            depth = f", pipeline_depth {args.pipeline_depth}" if kind == "pypool" else ""
             print(
                 summary(
-                    f"{kind}, {cfg.clients} clients, pool {args.pool_size}",
+                    f"{kind}, {cfg.clients} clients, pool {args.pool_size}{depth}",
                     tally,
                     verdict,
                     args.verbose,
