@@ -32,6 +32,8 @@ from types import ModuleType
 HOT_MODULES = (
     "pypool.protocol.framing",
     "pypool.protocol.messages",
+    "pypool.core.ledger",
+    "pypool.core.states",
     "pypool.pooling.params",
     "pypool.pooling.pool",
     "pypool.pooling.stats",
