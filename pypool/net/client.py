@@ -95,6 +95,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self.query_start = 0.0
         self.xact_start = 0.0  # when its current transaction began (transaction_timeout)
         self.wait_notified = False  # query_wait_notify's NOTICE sent for this wait
+        self.check_failures = 0  # servers in a row that failed server_check_query for it
         self.tx_status = m.TX_IDLE
         self.ledger = FrontendLedger()
         self._drop = 0  # bytes still to drop of a message the ledger said to drop

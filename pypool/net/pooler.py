@@ -53,6 +53,8 @@ ADMIN_DATABASES = ("pgbouncer", "pypool")
 JANITOR_PERIOD = 0.5
 # How long a CancelRequest may take to reach PostgreSQL (PgBouncer's cancel_wait_timeout).
 CANCEL_WAIT_TIMEOUT = 10.0
+# How many servers in a row may fail server_check_query for one client before it is told.
+CHECK_ATTEMPTS = 3
 # PgBouncer's text for query_wait_notify.
 WAIT_NOTICE = "No server connection available in postgres backend, client being queued"
 
@@ -701,8 +703,9 @@ class Pooler:
         self._send_outbox(client, server)
 
     def parameters_applied(self, server: ServerConnection, client: ClientConnection) -> None:
-        """The SET sent at link time succeeded: the client's requests go now."""
+        """The check and SET sent at link time succeeded: the client's requests go now."""
         client._blocked = False
+        client.check_failures = 0
         self._send_outbox(client, server)
         if not client._blocked:
             client.carry_on()  # what it sent meanwhile
@@ -719,7 +722,16 @@ class Pooler:
             client._blocked = False
             client.on(ClientEvent.RELEASED)
             server.close(f"server_check_query failed: {why}")
+            client.check_failures += 1
+            if client.check_failures >= CHECK_ATTEMPTS:
+                # Every server fails it: say so rather than open servers without end.
+                client.fail(PoolerError(f"server_check_query failed: {why}"))
+                return
+            asked = client.link_time
             self.request_server(client)
+            if client.state is ClientState.WAITING:
+                # Still the same wait: query_wait_timeout counts from the first ask.
+                client.wait_start = min(client.wait_start, asked)
         else:
             server.close(f"server_check_query failed: {why}")
 

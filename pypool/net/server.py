@@ -49,6 +49,12 @@ _STREAMED: Final = tuple(
 )
 
 
+# What a pooler-issued query is for (ServerConnection._hidden).
+HIDDEN_PLAIN: Final = 0  # reset query, connect_query: replies swallowed, errors logged
+HIDDEN_CHECK: Final = 1  # server_check_query before a client's requests
+HIDDEN_SET: Final = 2  # the client's session parameters before its requests
+
+
 class ServerLoginError(Exception):
     """The server refused the login; `error` is its ErrorResponse, ready to forward."""
 
@@ -86,10 +92,13 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         # any is, the server is handed to no one (Pool.being_canceled).
         self.cancels_in_flight = 0
         self._setting: list[str] = []  # parameters a hidden SET in flight changes
-        self._set_failed = False
-        self._set_error: dict[str, str] = {}
-        # The client whose requests wait for that SET's ReadyForQuery (pooler.link), and
-        # whether server_check_query's reply comes first.
+        # What each pooler-issued query in flight is for, oldest first (one per hidden
+        # ReadyForQuery), and the error the oldest one got, if any: each reply is matched to
+        # its own query, so a failing connect_query is never taken for the SET behind it.
+        self._hidden: list[int] = []
+        self._hidden_error: dict[str, str] | None = None
+        # The client whose requests wait for the check's and SET's replies (pooler.link),
+        # and whether server_check_query's reply is still to come.
         self.setting_for: ClientConnection | None = None
         self.checking = False
         # Clients whose transactions are queued on this server behind the linked client's,
@@ -204,9 +213,10 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             if self.transport is not None and self.state is not ServerState.CLOSED:
                 self.transport.write(data)
 
-    def send_hidden_query(self, sql: str) -> None:
+    def send_hidden_query(self, sql: str, purpose: int = HIDDEN_PLAIN) -> None:
         """Send a query whose replies the client must not see."""
         self.hidden_syncs += 1
+        self._hidden.append(purpose)
         self.send(m.query(sql))
 
     def prepare_for(self, client: ClientConnection, check_query: str) -> None:
@@ -214,10 +224,9 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         then a SET of the parameters whose values differ from the client's. The pooler is
         told how it went (parameters_applied, check_failed, parameters_failed)."""
         self.setting_for = client
-        self._set_failed = False
         if check_query:
             self.checking = True
-            self.send_hidden_query(check_query)
+            self.send_hidden_query(check_query, HIDDEN_CHECK)
         if not covers(self.params, client.params):
             self.send_parameters(client)
 
@@ -233,9 +242,8 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         send the same SET again."""
         wanted = client.params
         self._setting = [name for name, value in wanted.items() if self.params.get(name) != value]
-        self._set_failed = False
         self.setting_for = client
-        self.send_hidden_query(set_statements(wanted, self.params))
+        self.send_hidden_query(set_statements(wanted, self.params), HIDDEN_SET)
 
     # --- login ----------------------------------------------------------------------------
 
@@ -527,26 +535,26 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
     def _hidden_message(self, kind: int, body: bytes) -> None:
         if kind == m.READY_FOR_QUERY:
             self.hidden_syncs -= 1
-            if self.checking:  # server_check_query's reply comes before any SET's
+            purpose = self._hidden.pop(0) if self._hidden else HIDDEN_PLAIN
+            error, self._hidden_error = self._hidden_error, None
+            if purpose == HIDDEN_CHECK:
                 self.checking = False
                 client = self.setting_for
-                if self._set_failed:
-                    self._set_failed = False
+                if error is not None:
                     self._setting = []
                     self.setting_for = None
-                    self.pooler.check_failed(self, client, self._set_error.get("M", ""))
+                    self.pooler.check_failed(self, client, error.get("M", ""))
                 elif not self._setting:
                     self.setting_for = None
                     if client is not None and client is self.client:
                         self.pooler.parameters_applied(self, client)
-                return
-            if self._setting:
+            elif purpose == HIDDEN_SET and self._setting:
                 names, self._setting = self._setting, []
                 client, self.setting_for = self.setting_for, None
                 if client is None or client is not self.client:
                     return  # it left meanwhile
-                if self._set_failed:
-                    self.pooler.parameters_failed(self, client, self._set_error)
+                if error is not None:
+                    self.pooler.parameters_failed(self, client, error)
                     return
                 for name in names:
                     if name in self.params:
@@ -557,9 +565,8 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         elif kind == m.COMMAND_COMPLETE:
             self.statements.command_tag(body)  # a reset query's DISCARD ALL
         elif kind == m.ERROR_RESPONSE:
-            self._set_failed = True
             fields = m.parse_error_fields(body)
-            self._set_error = fields
+            self._hidden_error = fields
             log.warning("%r: pooler-issued query failed: %s %s", self, fields.get("C"),
                         fields.get("M"))
 

@@ -288,13 +288,6 @@ def test_check_query_failing_on_one_server_replaces_it(postgres, pooler, pg_acti
     assert "division by zero" in log, log
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="with a check query failing on every server (delay 0) the client waits forever: "
-    "check_failed puts it back in the queue with a fresh wait_start, so query_wait_timeout "
-    "never fires, and the pooler opens and closes a new server for it in a tight loop",
-)
 @pytest.mark.timeout(30)
 def test_check_query_failing_everywhere_ends_in_an_error(postgres, pooler, pg_activity) -> None:
     """A check query that fails on every server, with server_check_delay = 0: each server
@@ -368,20 +361,7 @@ def test_connect_query_runs_on_each_new_server(postgres, pooler, pg_activity) ->
     "app_name",
     [
         pytest.param(None, id="same-params"),
-        pytest.param(
-            "other_app",
-            id="needs-set",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=psycopg.errors.DivisionByZero,
-                reason="connect_query's error is taken for the link-time SET's: "
-                "server_logged_in sends connect_query, link() then sends the SET, whose "
-                "send_parameters clears _set_failed before connect_query's ErrorResponse "
-                "arrives; its ReadyForQuery then ends the SET as failed (parameters_failed): "
-                "the client gets 22012 'could not set session parameters on the server: "
-                "division by zero' and the server is closed",
-            ),
-        ),
+        pytest.param("other_app", id="needs-set"),
     ],
 )
 def test_failing_connect_query_does_not_break_the_pool(
@@ -431,15 +411,6 @@ def test_connect_query_and_a_link_time_set(postgres, pooler, pg_activity) -> Non
         assert conn.info.parameter_status("application_name") == "other_app"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="connect_query's ReadyForQuery is taken for server_check_query's: with "
-    "server_check_delay = 0 a client waiting for a server is linked as it logs in, so the "
-    "check goes right behind connect_query, "
-    "connect_query's error marks the check failed, and every new server goes the same way "
-    "(check_failed, another server, forever)",
-)
 def test_failing_connect_query_with_check_delay_zero(postgres, pooler, pg_activity) -> None:
     """A failing connect_query and server_check_delay = 0 (the check query is the default,
     `select 1`, which cannot fail): a client waiting for a new server is still served."""
