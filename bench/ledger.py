@@ -2,12 +2,16 @@
 servers are terminated, its clients die mid-transaction and PostgreSQL restarts.
 
     python3 bench/ledger.py [--duration 60] [--clients 30] [--pool-size 4] \\
-        [--terminate-every 0.5] [--kill-every 0.5] [--restarts 1] [--poolers pypool,pgbouncer]
+        [--pipeline-depth 4] [--terminate-every 0.5] [--kill-every 0.5] \\
+        [--late-cancel-every 0.05] [--restarts 1] [--poolers pypool,pgbouncer] [--help]
 
 Theory of operation. `accounts` rows hold a known total. Each transfer is one transaction
 through the pooler: BEGIN, two UPDATEs (in account order, so that transfers never
-deadlock), an INSERT of a journal row keyed by a transfer id the client chose, COMMIT.
-Each client writes down what it knows about each of its transfers (`Attempt.outcome`):
+deadlock), an INSERT of a journal row keyed by a transfer id the client chose, COMMIT; or
+(`single_share` of them) the same as one statement, TRANSFER_STATEMENT, whose sending is
+its COMMIT and whose reply names the transfer. Only the single statements can be
+pipelined by pypool (`pipeline_depth`), so both shapes matter. Each client writes down
+what it knows about each of its transfers (`Attempt.outcome`):
 
 - acknowledged: COMMIT answered COMMIT. Its journal row must be there.
 - failed: an error came before COMMIT was sent. Its row must not be there.
@@ -30,13 +34,14 @@ connection of the ledger database (directly on PostgreSQL, as the superuser); a 
 killed in the middle of a transaction, in turn by an abrupt close (asyncpg: a TCP RST;
 psycopg: a shutdown that sends FIN with no Terminate message), by cancelling its task
 while a query runs (the driver sends a CancelRequest, then closes), or abruptly right
-after sending COMMIT; and PostgreSQL restarted (`pg_ctl -m immediate`, a crash, by
-default).
+after sending COMMIT; late cancels, a single statement given up after 0-4 ms so that the
+CancelRequest races its end (off in the suite); and PostgreSQL restarted (`pg_ctl -m
+immediate`, a crash, by default).
 
 After the run, `check` reads PostgreSQL directly: the sum of the balances is unchanged;
 the balances equal the initial state plus the journal, account by account; no backend is
-left idle in transaction; no client that nobody cancelled saw a query cancelled; and the
-outcomes above hold row by row.
+left idle in transaction; no client that nobody cancelled saw a query cancelled; no
+reply named another client's transfer; and the outcomes above hold row by row.
 
 The ledger database runs with synchronous_commit = on (the embedded cluster has it off
 for speed): otherwise an immediate restart could drop a commit PostgreSQL itself had
