@@ -26,7 +26,7 @@ from __future__ import annotations
 from enum import Enum, IntEnum
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(Exception):
     """A (state, event) pair that no table lists: a bug in the pooler, never the peer's."""
 
 

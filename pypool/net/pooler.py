@@ -896,6 +896,12 @@ class Pooler:
             # Queued in a pipeline: any query it might hit is another client's (pipeline.py).
             log.info("%r: cancel request dropped: its query is queued behind another's", client)
             return
+        if server.chain:
+            # Others' queries are already on the wire behind this one: landing a moment after
+            # it ends, the cancel would hit theirs. Dropped (pipelining is opt-in, and says so).
+            log.info("%r: cancel request dropped: other clients' queries are queued behind it",
+                     client)
+            return
         server.cancels_in_flight += 1
         self._spawn(self._send_cancel(server))
 

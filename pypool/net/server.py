@@ -42,11 +42,9 @@ _ids = iter(range(1, 1 << 62))
 # ReadyForQuery, ParameterStatus, ErrorResponse, CommandComplete and the three that start a
 # COPY, which the client's ledger must see: core/ledger.py).
 _COPY_RESPONSES: Final = (m.COPY_IN_RESPONSE, m.COPY_OUT_RESPONSE, m.COPY_BOTH_RESPONSE)
-_STREAMED: Final = tuple(
-    kind not in (m.READY_FOR_QUERY, m.PARAMETER_STATUS, m.ERROR_RESPONSE, m.COMMAND_COMPLETE,
-                 *_COPY_RESPONSES)
-    for kind in range(256)
-)
+_LOOKED_AT: Final = (m.READY_FOR_QUERY, m.PARAMETER_STATUS, m.ERROR_RESPONSE,
+                     m.COMMAND_COMPLETE) + _COPY_RESPONSES
+_STREAMED: Final = tuple(kind not in _LOOKED_AT for kind in range(256))
 
 
 # What a pooler-issued query is for (ServerConnection._hidden).
