@@ -22,7 +22,7 @@ from .settings import Settings, SettingsError, from_url, load_ini, worker_share
 
 if TYPE_CHECKING:
     from .net.client import ClientConnection
-    from .net.pooler import Pooler
+    from .pooler import Pooler
 
 log = logging.getLogger("pypool")
 
@@ -75,8 +75,8 @@ def build_pooler(settings: Settings) -> Pooler:
     running event loop, by `serve` (python -m pypool, the embedded quick start, each worker).
     """
     from .admin import console
-    from .net.pooler import Pooler
     from .observe.view import PoolerView
+    from .pooler import Pooler
 
     pooler = Pooler(settings)
     view = PoolerView(pooler)

@@ -490,9 +490,11 @@ def load_ini(path: str | Path) -> Settings:
     )
     parser.optionxform = str  # type: ignore[assignment,method-assign]
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SettingsError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as bad:  # own name: mypyc types a name by its first except
+        raise SettingsError(f"{path}: not UTF-8 (byte {bad.start}): {bad.reason}") from None
     try:
         parser.read_string(text, source=str(path))
     except configparser.Error as exc:

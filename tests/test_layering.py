@@ -20,7 +20,7 @@ def _imports(path: Path) -> set[str]:
             names.add(node.module.split(".")[0])
         elif isinstance(node, ast.ImportFrom) and node.level > 0 and node.module:
             # A relative import reaching into the asyncio layer counts too.
-            if node.module.split(".")[0] in ("net", "admin"):
+            if node.module.split(".")[0] in ("net", "pooler", "admin"):
                 names.add("pypool.net")
     return names
 
@@ -71,10 +71,13 @@ def _reaches(names: set[str], targets: tuple[str, ...]) -> list[str]:
 ABOVE_NET = ("pypool.admin", "pypool.metrics", "pypool.observe")
 
 
-@pytest.mark.parametrize("path", sorted((PACKAGE / "net").rglob("*.py")),
-                         ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.parametrize(
+    "path", sorted([*(PACKAGE / "net").rglob("*.py"), *(PACKAGE / "pooler").rglob("*.py")]),
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
 def test_the_network_layer_never_imports_the_console_or_metrics(path: Path) -> None:
-    """net/ calls the console and metrics only through the hooks cli.py sets at start-up."""
+    """net/ and pooler/ call the console and metrics only through the hooks cli.py sets at
+    start-up."""
     bad = _reaches(_modules_imported(path), ABOVE_NET)
     assert not bad, f"{path.name} imports {bad}"
 
@@ -86,9 +89,9 @@ def test_the_network_layer_never_imports_the_console_or_metrics(path: Path) -> N
     ids=lambda p: str(p.relative_to(PACKAGE)),
 )
 def test_console_and_metrics_read_the_pooler_through_the_view(path: Path) -> None:
-    """admin/, metrics.py and observe/ never import net/, not even for type checking: they
-    see the pooler through observe/view.py's Protocols."""
-    bad = _reaches(_modules_imported(path), ("pypool.net",))
+    """admin/, metrics.py and observe/ never import net/ or pooler/, not even for type
+    checking: they see the pooler through observe/view.py's Protocols."""
+    bad = _reaches(_modules_imported(path), ("pypool.net", "pypool.pooler"))
     assert not bad, f"{path.name} imports {bad}"
 
 
@@ -104,7 +107,8 @@ def test_the_view_is_plain_data(path: Path) -> None:
 
 def test_the_cycle_scan_sees_its_files() -> None:
     assert len(list((PACKAGE / "net").rglob("*.py"))) >= 5
+    assert len(list((PACKAGE / "pooler").rglob("*.py"))) >= 5
     assert (PACKAGE / "observe" / "view.py").exists()
     # The scan resolves relative imports: it would catch the imports this change removed.
-    probe = PACKAGE / "net" / "pooler.py"
+    probe = PACKAGE / "pooler" / "objects.py"
     assert "pypool.net.client" in _modules_imported(probe)

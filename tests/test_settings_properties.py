@@ -163,12 +163,6 @@ def test_any_ini_text_loads_or_raises_settings_error(tmp_path: Path, lines: list
     loads(write_ini(tmp_path, "\n".join(lines)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="load_ini reads with the locale's codec and lets "
-    "UnicodeDecodeError out: a RELOAD or SIGHUP of such a file is not a "
-    "SettingsError (the old config is kept only for SettingsError)",
-)
 def test_an_ini_that_is_not_utf8_is_a_settings_error(tmp_path: Path) -> None:
     path = tmp_path / "pgbouncer.ini"
     path.write_bytes(b"[pgbouncer]\nlisten_port = 6432\n; caf\xe9 (latin-1)\n")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..pooler import ServerCredentials
     from ..settings import DatabaseEntry
-    from .pooler import ServerCredentials
 
 
 async def run_auth_query(

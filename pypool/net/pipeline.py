@@ -46,8 +46,8 @@ from ..pooling.params import covers
 from ..protocol import messages as m
 
 if TYPE_CHECKING:
+    from ..pooler import Pooler
     from .client import ClientConnection
-    from .pooler import Pooler
     from .server import ServerConnection
 
 

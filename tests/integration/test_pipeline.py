@@ -622,8 +622,8 @@ async def test_deferred_requests_go_out_in_one_write_and_nothing_overtakes_them(
     """Requests pipelined onto a server in one round of the event loop leave in one write at
     its end; anything sent to that server meanwhile (more of the head's request, read in the
     same round) goes behind them, never before."""
-    from pypool.net.pooler import Pooler
     from pypool.net.server import ServerConnection
+    from pypool.pooler import Pooler
     from pypool.settings import from_url
 
     pooler = Pooler(from_url("postgresql://app:secret@127.0.0.1:1/app"))

@@ -1,0 +1,22 @@
+"""The running pooler: its objects, the linking of clients and servers, cancel, the
+janitor, and its life from start through reloads to stop.
+
+One Pooler per process (per worker) owns every connection and decides, through the sans-IO
+Pool (pooling/pool.py), who gets which server. It sits above the asyncio Protocols of
+net/ and below the console and metrics, which it calls only through the hooks cli.py sets
+at start-up (net/hooks.py): nothing here imports admin/, observe/ or metrics.py.
+
+- objects.py    the Pooler: pools, servers and clients bookkeeping, login, the entry points
+- linking.py    request_server, link, release, server_available: who gets which server
+- cancel.py     a client's CancelRequest, forwarded to the server it holds
+- janitor.py    the timeouts, the pool sizes and the stats period, on a timer
+- lifecycle.py  start, reload, pause, reconnect, shutdown and the signals
+
+Never hand a server on with replies owed, never give a server mid-transaction to another
+client: a client that leaves with its transaction open (or a query running) takes its server
+down with it.
+"""
+
+from .objects import Pooler, ServerCredentials
+
+__all__ = ["Pooler", "ServerCredentials"]

@@ -1,0 +1,147 @@
+"""The janitor: what the pooler does on a timer rather than on a message.
+
+Every JANITOR_PERIOD, `sweep` enforces the timeouts (client_login_timeout,
+query_wait_timeout and query_wait_notify, query_timeout, idle_transaction_timeout,
+transaction_timeout, client_idle_timeout), closes servers past server_idle_timeout or
+server_lifetime down to min_pool_size, opens the servers the pools want, and forgets the
+pools of removed databases once their last client has left. Every stats_period,
+`run_stats_period` snapshots the counters for SHOW STATS and logs the "stats:" line.
+
+It owns no state: it reads the clocks kept on the connections and the pools. It must never
+close an idle server but through close_server, which takes it off the idle stack before
+anyone can be handed it; and one failed sweep must not stop the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Final
+
+from ..core.states import ClientState
+from ..pooling.stats import stats_line
+from ..protocol import messages as m
+from ..protocol.errors import PoolerError
+
+if TYPE_CHECKING:
+    from ..pooling.pool import Pool
+    from .objects import Pooler
+
+log = logging.getLogger("pypool")
+
+JANITOR_PERIOD: Final = 0.5
+# PgBouncer's text for query_wait_notify.
+WAIT_NOTICE: Final = "No server connection available in postgres backend, client being queued"
+
+
+async def run_janitor(pooler: Pooler) -> None:
+    """The janitor's task, started with the pooler: a sweep every JANITOR_PERIOD."""
+    while True:
+        await asyncio.sleep(JANITOR_PERIOD)
+        try:
+            sweep(pooler)
+        except Exception:  # noqa: BLE001 - the janitor must outlive any one bug
+            log.exception("janitor failed")
+
+
+def sweep(pooler: Pooler) -> None:
+    """Enforce the timeouts and keep the pools at their sizes."""
+    cfg = pooler.settings.pooler
+    now = pooler.now()
+    if cfg.client_login_timeout:
+        for client in list(pooler.login_clients):
+            if now - client.connect_time > cfg.client_login_timeout:
+                client.fail(PoolerError("client_login_timeout"))
+    for pool in list(pooler.pools.values()):
+        if cfg.query_wait_timeout:
+            while pool.waiting and (
+                now - pool.waiting[0].wait_start > cfg.query_wait_timeout
+            ):
+                pool.stats.count_error("query_wait_timeout")
+                pool.waiting[0].fail(PoolerError("query_wait_timeout"))
+            # Clients at login waiting for the pool's first server wait for a server too.
+            for client in list(pool.awaiting_params):
+                if now - client.state_since > cfg.query_wait_timeout:
+                    pool.stats.count_error("query_wait_timeout")
+                    client.fail(PoolerError("query_wait_timeout"))
+        if cfg.query_wait_notify:
+            # PgBouncer 1.25: tell a client queued this long why its query has not run.
+            for client in pool.waiting:
+                if now - client.wait_start <= cfg.query_wait_notify:
+                    break  # the queue is in arrival order
+                if not client.wait_notified and client.state is ClientState.WAITING:
+                    client.wait_notified = True
+                    client.write(m.notice_response(WAIT_NOTICE))
+        user_entry = pooler.settings.users.get(pool.user)
+        xact_timeout = (user_entry and user_entry.transaction_timeout) or (
+            cfg.transaction_timeout)
+        for server in list(pool.active):
+            client = server.client
+            if client is None:
+                continue
+            if not client.ledger.idle():
+                if cfg.query_timeout and now - client.query_start > cfg.query_timeout:
+                    server.close("query timeout")
+                    pool.stats.count_error("query_timeout")
+                    client.fail(PoolerError("query timeout"))
+            elif (
+                cfg.idle_transaction_timeout
+                and client.tx_status != m.TX_IDLE
+                and now - client.state_since > cfg.idle_transaction_timeout
+            ):
+                server.close("idle transaction timeout")
+                pool.stats.count_error("idle_transaction_timeout")
+                client.fail(PoolerError("idle transaction timeout"))
+            if client.state is ClientState.CLOSED:
+                continue
+            if xact_timeout and now - client.xact_start > xact_timeout and (
+                not client.ledger.idle() or client.tx_status != m.TX_IDLE
+            ):
+                server.close("transaction timeout")
+                pool.stats.count_error("transaction_timeout")
+                client.fail(PoolerError("transaction timeout"))
+        keep = pool.limits.min_pool_size
+        for server in list(pool.idle):
+            if len(pool.idle) + len(pool.active) <= keep:
+                break
+            idle_for = now - server.request_time
+            if (cfg.server_idle_timeout and idle_for > cfg.server_idle_timeout) or (
+                cfg.server_lifetime and now - server.connect_time > cfg.server_lifetime
+            ):
+                # Through the one close path: out of the idle stack at once, so it is
+                # never handed out while closing, and the count above sees it gone.
+                pooler.close_server(server, "server idle timeout"
+                                  if idle_for > cfg.server_idle_timeout
+                                  else "server lifetime over")
+        if pool.removed and not pool.clients:
+            _drop_removed(pooler, pool)
+            continue
+        pooler.launch_servers(pool)
+    if cfg.client_idle_timeout:
+        for client in list(pooler.clients):
+            if client.state is ClientState.IDLE and (
+                now - client.state_since > cfg.client_idle_timeout
+            ):
+                if client.pool is not None:
+                    client.pool.stats.count_error("client_idle_timeout")
+                client.fail(PoolerError("client_idle_timeout"))
+
+
+def _drop_removed(pooler: Pooler, pool: Pool) -> None:
+    """A pool of a removed database whose last client left: close it down, forget it."""
+    for server in list(pool.idle):
+        pooler.close_server(server, "database removed")
+    if pool.server_count == 0:
+        del pooler.pools[(pool.database, pool.user)]
+        if not any(p.database == pool.database for p in pooler.pools.values()):
+            pooler.retired.pop(pool.database, None)
+
+
+async def run_stats_period(pooler: Pooler) -> None:
+    """Every stats_period: snapshot the counters (SHOW STATS averages) and log the
+    "stats:" line, as PgBouncer does."""
+    while True:
+        await asyncio.sleep(max(0.1, pooler.settings.pooler.stats_period))
+        averages = pooler.stats_periods.refresh(list(pooler.pools.values()), pooler.now())
+        if pooler.settings.pooler.log_stats:
+            log.info("%s", stats_line(averages))

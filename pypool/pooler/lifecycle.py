@@ -1,0 +1,234 @@
+"""The pooler's life as the operator steers it: start, reload, pause, reconnect, stop.
+
+`start` opens the metrics endpoint and the listeners, starts the janitor and the stats
+period, opens the min_pool_size servers and writes the pidfile. `reread` and
+`apply_settings` switch to a new configuration (RELOAD, SIGHUP, SET) without dropping
+anyone; `pause_all`, `set_paused` and `tag_dirty` are PAUSE, RESUME and RECONNECT;
+`shutdown` drains transactions (SIGINT) or clients (SIGTERM) before `exit_now`.
+`install_signals` maps the signals onto these, as PgBouncer's.
+
+It sets the operator's switches on the Pooler (shutting_down, paused_all, the retired
+databases) and changes pools only through the pooler's own paths: close_server,
+launch_servers, linking.serve_waiting. Short of an exit, it must never drop a connected
+client, nor close a busy server under its client: a reload, a PAUSE or a RECONNECT closes
+idle servers now and busy ones once released.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+from typing import TYPE_CHECKING
+
+from .. import compiled
+from ..net.client import ClientConnection
+from ..protocol import errors
+from ..protocol.errors import PoolerError
+from ..settings import RESTART_ONLY_KEYS, SettingsError, load_ini, worker_share
+from . import janitor, linking
+
+if TYPE_CHECKING:
+    from ..pooling.pool import Pool
+    from ..settings import DatabaseEntry, Settings
+    from .objects import Pooler
+
+log = logging.getLogger("pypool")
+
+
+async def start(pooler: Pooler) -> None:
+    cfg = pooler.settings.pooler
+    if cfg.metrics_port and pooler.serve_metrics is not None:  # first: up before clients
+        pooler.metrics_servers = await pooler.serve_metrics(
+            cfg.metrics_addr or cfg.listen_addr, cfg.metrics_port
+        )
+    # "*" is every address: None to create_server. (One list, typed for that: compiled,
+    # a list[str] holding None raises TypeError.)
+    hosts: list[str | None] = [
+        None if h.strip() == "*" else h.strip() for h in cfg.listen_addr.split(",")
+        if h.strip()
+    ]
+    for host in hosts:
+        server = await pooler.loop.create_server(
+            lambda: ClientConnection(pooler),
+            host,
+            cfg.listen_port,
+            reuse_port=cfg.so_reuseport or cfg.workers > 1,
+            backlog=2048,
+        )
+        pooler.listeners.append(server)
+    log.info("listening on %s:%d; hot path: %s", cfg.listen_addr, cfg.listen_port,
+             compiled.status)
+    pooler.janitor_task = pooler.loop.create_task(janitor.run_janitor(pooler))
+    pooler.spawn(janitor.run_stats_period(pooler))
+    for pool_key in _min_pool_keys(pooler):
+        pooler.pool_for(*pool_key)
+    _pidfile(pooler)
+
+
+def _pidfile(pooler: Pooler) -> None:
+    if pooler.settings.pooler.pidfile:
+        with open(pooler.settings.pooler.pidfile, "w") as fh:
+            fh.write(f"{os.getpid()}\n")
+
+
+def _min_pool_keys(pooler: Pooler) -> list[tuple[str, str]]:
+    keys = []
+    for name, entry in pooler.settings.databases.items():
+        min_size = entry.min_pool_size
+        if min_size is None:
+            min_size = pooler.settings.pooler.min_pool_size
+        if name != "*" and entry.user and min_size > 0:
+            keys.append((name, entry.user))
+    return keys
+
+
+def reread(pooler: Pooler) -> bool:
+    """Re-read the ini and the auth_file; keep the old config if the new one is bad."""
+    if not pooler.settings.path:
+        pooler.load_auth()
+        return True
+    try:
+        new = worker_share(load_ini(pooler.settings.path), pooler.settings.pooler.workers)
+    except SettingsError as exc:
+        log.error("reload failed, keeping the old configuration: %s", exc)
+        return False
+    apply_settings(pooler, new)
+    log.info("configuration reloaded from %s", new.path)
+    return True
+
+
+def apply_settings(pooler: Pooler, new: Settings) -> None:
+    """Switch to `new` (RELOAD, SIGHUP, SET) without dropping anyone.
+
+    Sizes and timeouts apply to the next assignment. A database whose connection details
+    changed gets its servers replaced as they are released. A database gone from the
+    config refuses new clients; its connected clients keep being served until they leave.
+    Keys that only apply at start keep their old values.
+    """
+    old = pooler.settings
+    kept = {}
+    for key in RESTART_ONLY_KEYS:
+        if getattr(new.pooler, key) != getattr(old.pooler, key):
+            log.warning("%s changed: takes effect at restart", key)
+            kept[key] = getattr(old.pooler, key)
+    if kept:
+        new = dataclasses.replace(new, pooler=dataclasses.replace(new.pooler, **kept))
+    pooler.settings = new
+    pooler.load_auth()
+    for pool in list(pooler.pools.values()):
+        entry = new.database(pool.database)
+        old_entry = old.database(pool.database) or pooler.retired.get(pool.database)
+        if entry is None:
+            if not pool.removed and old_entry is not None:
+                log.warning("database %s removed from the config: new clients refused, "
+                            "%d connected clients carry on", pool.database, len(pool.clients))
+                pooler.retired[pool.database] = old_entry
+            pool.removed = True
+            pool.limits = dataclasses.replace(pool.limits, min_pool_size=0)
+            continue
+        if pool.removed:
+            pool.removed = False
+            pooler.retired.pop(pool.database, None)
+        pool.limits = pooler.limits_for(entry, pool.user)
+        if old_entry is not None and _server_side(old_entry) != _server_side(entry):
+            tag_dirty(pooler, pool, "database configuration changed")
+        surplus = pool.server_count - pool.limits.pool_size - pool.limits.reserve_pool_size
+        for server in pool.idle[:max(0, surplus)]:
+            pooler.close_server(server, "pool_size lowered")
+        pooler.launch_servers(pool)
+        linking.serve_waiting(pooler, pool)
+
+
+def shutdown(pooler: Pooler, how: str) -> None:
+    """SIGINT: let transactions finish. SIGTERM: let clients finish. Again: exit now."""
+    if pooler.shutting_down or how == "now":
+        exit_now(pooler)
+        return
+    log.info("%s: shutting down once %s finish", how,
+             "transactions" if how == "SIGINT" else "clients")
+    pooler.shutting_down = how
+    for listener in pooler.listeners:
+        listener.close()
+    if pooler.settings.pooler.shutdown_timeout:
+        pooler.loop.call_later(pooler.settings.pooler.shutdown_timeout, exit_now, pooler)
+    if how == "SIGINT":
+        for client in list(pooler.clients):
+            if client.server is None:
+                client.fail(PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN))
+            else:
+                client.close_after_release = True
+    maybe_exit(pooler)
+
+
+def maybe_exit(pooler: Pooler) -> None:
+    # Console sessions do not hold up a shutdown: they are how it was asked for.
+    if pooler.shutting_down and all(client.admin is not None for client in pooler.clients):
+        exit_now(pooler)
+
+
+def exit_now(pooler: Pooler) -> None:
+    """Close every connection and listener, remove the pidfile, let `stopped` resolve."""
+    for client in list(pooler.clients):
+        client.close("pooler exit")
+    for pool in pooler.pools.values():
+        for server in list(pool.idle) + list(pool.active) + list(pool.login):
+            server.close("pooler exit")
+    for metrics_server in pooler.metrics_servers:
+        metrics_server.close()
+    pidfile = pooler.settings.pooler.pidfile
+    if pidfile and not pooler.stopped.done():
+        try:
+            os.unlink(pidfile)
+        except OSError:
+            pass
+    if not pooler.stopped.done():
+        pooler.stopped.set_result(None)
+
+
+def install_signals(pooler: Pooler) -> None:
+    loop = pooler.loop
+    loop.add_signal_handler(signal.SIGHUP, pooler.reload)
+    loop.add_signal_handler(signal.SIGINT, pooler.shutdown, "SIGINT")
+    loop.add_signal_handler(signal.SIGTERM, pooler.shutdown, "SIGTERM")
+    loop.add_signal_handler(signal.SIGQUIT, pooler.shutdown, "now")
+    loop.add_signal_handler(signal.SIGUSR1, pooler.pause_all, True)
+    loop.add_signal_handler(signal.SIGUSR2, pooler.pause_all, False)
+
+
+def pause_all(pooler: Pooler, paused: bool) -> None:
+    """PAUSE / RESUME of every database (also SIGUSR1 / SIGUSR2)."""
+    log.info("%s all databases", "pausing" if paused else "resuming")
+    pooler.paused_all = paused
+    for pool in pooler.pools.values():
+        set_paused(pooler, pool, paused or pool.database in pooler.paused_dbs)
+
+
+def set_paused(pooler: Pooler, pool: Pool, paused: bool) -> None:
+    """Paused: no server is handed out, idle ones close now, busy ones once released
+    (server_available), and waiting clients wait. Resumed: serve them again."""
+    pool.paused = paused
+    if paused:
+        for server in list(pool.idle):
+            pooler.close_server(server, "pause mode")
+    else:
+        pooler.launch_servers(pool)
+        linking.serve_waiting(pooler, pool)
+
+
+def tag_dirty(pooler: Pooler, pool: Pool, reason: str) -> None:
+    """RECONNECT: replace every server of the pool: idle ones now, busy ones once released,
+    logging-in ones once logged in (closing those now would fail the clients waiting for
+    the pool's first login, and block new logins for server_login_retry)."""
+    pool.close_needed = set(pool.active) | set(pool.idle) | set(pool.login)
+    for server in list(pool.idle):
+        pooler.close_server(server, reason)
+    pooler.launch_servers(pool)
+
+
+def _server_side(entry: DatabaseEntry) -> tuple[object, ...]:
+    """The parts of a [databases] entry that shape a server connection (not the sizes)."""
+    return (entry.host, entry.port, entry.server_dbname, entry.user, entry.password,
+            entry.auth_user, entry.application_name, entry.client_encoding, entry.datestyle,
+            entry.timezone, entry.connect_query)

@@ -1,0 +1,270 @@
+"""Linking: which client gets which server, and when a server comes back.
+
+A client that needs a server (`request_server`) is linked to an idle one (`link`), queued
+on a busy server's pipeline line (net/pipeline.py), or queued in its pool while a server is
+opened. A link first passes server_check_query and the SET of the client's session
+parameters when either is needed (`parameters_applied`, `check_failed`,
+`parameters_failed`). When the client's transaction ends with nothing owed, `release`
+unlinks it, and `server_available` hands the server to the first waiting client, keeps it
+idle, or closes it when it is due to close.
+
+This is the hot path between the two Protocols: every transaction passes through `link`
+and `release`. It owns no state of its own: the pools (pooling/pool.py) and the
+connections hold it, and the Pooler (objects.py) calls in here and keeps the methods the
+Protocols call.
+
+Never hand a server on with replies owed, never give a server mid-transaction to another
+client, and never hand out a server whose cancel may still land (server_available parks it
+in Pool.being_canceled until cancel.py brings it back).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Final
+
+from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
+from ..net import pipeline
+from ..pooling.params import covers
+from ..protocol import errors
+from ..protocol.errors import PoolerError
+
+if TYPE_CHECKING:
+    from ..net.client import ClientConnection
+    from ..net.server import ServerConnection
+    from ..pooling.pool import Pool
+    from .objects import Pooler
+
+log = logging.getLogger("pypool")
+
+# How many servers in a row may fail server_check_query for one client before it is told.
+CHECK_ATTEMPTS: Final = 3
+
+
+def request_server(pooler: Pooler, client: ClientConnection) -> None:
+    """The client has sent something that needs a server."""
+    pool = client.pool
+    assert pool is not None
+    if not pool.paused:
+        server = pool.take_idle()
+        if server is not None:
+            link(pooler, client, server)
+            return
+        if (pool.open_lines and pool.server_count >= pool.limits.pool_size
+                and pipeline.join_open_line(pooler, client)):
+            return
+    failing = pooler.login_failing(pool)
+    if failing is not None:
+        client.fail(failing)
+        return
+    client.on(ClientEvent.QUEUED)
+    client.wait_start = client.state_since
+    client.wait_notified = False
+    pool.enqueue(client)
+    limits = pool.limits
+    if pool.server_count < limits.pool_size + limits.reserve_pool_size:
+        pooler.launch_servers(pool)  # else there is no room for another server anyway
+
+
+def link(pooler: Pooler, client: ClientConnection, server: ServerConnection) -> None:
+    pool = server.pool
+    now = pooler.now()
+    cfg = pooler.settings.pooler
+    # server_check_query: a server free for server_check_delay is checked before use.
+    check = cfg.server_check_query if cfg.server_check_query and (
+        now - server.request_time >= cfg.server_check_delay) else ""
+    if client.state is ClientState.WAITING:
+        pool.stats.wait_time_us += int((now - client.wait_start) * 1e6)
+        pool.stats.wait_histogram.observe(now - client.wait_start)
+    pool.login.discard(server)
+    pool.active.add(server)
+    client.server = server
+    server.client = client
+    client.on(ClientEvent.LINKED)
+    server.on(ServerEvent.LINKED)
+    client.link_time = now
+    server.request_time = now
+    pool.stats.server_assignment_count += 1
+    carry_back_pressure(client, server)
+    if check or not covers(server.params, client.params):
+        # What the client sent waits for the check's and the SET's replies
+        # (parameters_applied, check_failed, parameters_failed).
+        client._blocked = True
+        server.prepare_for(client, check)
+        return
+    _send_outbox(pooler, client, server)
+
+
+def parameters_applied(pooler: Pooler, server: ServerConnection,
+                       client: ClientConnection) -> None:
+    """The check and SET sent at link time succeeded: the client's requests go now."""
+    client._blocked = False
+    client.check_failures = 0
+    _send_outbox(pooler, client, server)
+    if not client._blocked:
+        client.carry_on()  # what it sent meanwhile
+
+
+def check_failed(pooler: Pooler, server: ServerConnection, client: ClientConnection | None,
+                 why: str) -> None:
+    """server_check_query failed or the server died under it: the server goes, and the
+    client (none of whose requests were sent) asks for another."""
+    log.warning("%r: server_check_query failed: %s", server, why)
+    server.pool.stats.count_error("server_check_failed")
+    if client is not None and server.client is client:
+        server.client = None
+        client.server = None
+        client._blocked = False
+        client.on(ClientEvent.RELEASED)
+        server.close(f"server_check_query failed: {why}")
+        client.check_failures += 1
+        if client.check_failures >= CHECK_ATTEMPTS:
+            # Every server fails it: say so rather than open servers without end.
+            client.fail(PoolerError(f"server_check_query failed: {why}"))
+            return
+        asked = client.link_time
+        request_server(pooler, client)
+        if client.state is ClientState.WAITING:
+            # Still the same wait: query_wait_timeout counts from the first ask.
+            client.wait_start = min(client.wait_start, asked)
+    else:
+        server.close(f"server_check_query failed: {why}")
+
+
+def parameters_failed(pooler: Pooler, server: ServerConnection, client: ClientConnection,
+                      fields: dict[str, str]) -> None:
+    """The SET sent at link time failed: none of the client's requests ran; they would
+    have run under settings it did not ask for. As PgBouncer, the client is dropped with
+    the reason, and the server is closed."""
+    text = fields.get("M", "")
+    log.warning("%r: could not set the client's session parameters on %r: %s", client,
+                server, text)
+    client.fail(PoolerError(f"could not set session parameters on the server: {text}",
+                            fields.get("C") or errors.PROTOCOL_VIOLATION))
+    server.close("session parameters could not be set")
+
+
+def _send_outbox(pooler: Pooler, client: ClientConnection, server: ServerConnection) -> None:
+    data = client.take_outbox(server)
+    if data:
+        if pipeline.worth_extending(server):
+            # Sends data, then the waiting clients' behind it, or lists the server as
+            # one whose line has room.
+            pipeline.extend(pooler, server, data)
+            return
+        server.send(data)
+
+
+def release(pooler: Pooler, client: ClientConnection, now: float = 0.0) -> None:
+    """The client's transaction ended and nothing is owed: its server goes back."""
+    server = client.server
+    assert server is not None and client.pool is not None
+    now = now or pooler.now()
+    stats = client.pool.stats
+    stats.xact_count += 1
+    held = now - client.link_time
+    stats.xact_time_us += int(held * 1e6)
+    stats.xact_histogram.observe(held)
+    client.server = None
+    server.client = None
+    if server._reading_paused:
+        server.resume_reading()
+    if client.state is ClientState.CLOSED:  # it left while queued in a pipeline
+        if server.chain:
+            pipeline.hand_on(pooler, server, now)
+        elif server.statements.detach():
+            _reset_always(pooler, server)
+            server_available(pooler, server)
+        else:
+            server.close("prepared-statement replies out of step")
+        return
+    if client._reading_paused:
+        client.resume_reading()
+    client.on(ClientEvent.RELEASED)
+    if server.chain:
+        pipeline.hand_on(pooler, server, now)
+    elif server.statements.detach():
+        _reset_always(pooler, server)
+        server_available(pooler, server)
+    else:
+        # Never expected: a request of the client's still waits for its reply, which
+        # the next client would get. Do not hand the server on.
+        log.error("%r: prepared-statement requests still queued at release", server)
+        server.close("prepared-statement replies out of step")
+    if client.close_after_release:
+        client.fail(PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN))
+    elif client._blocked:
+        client.resume_rewriting()  # what it sent meanwhile goes to its next server
+
+
+def _reset_always(pooler: Pooler, server: ServerConnection) -> None:
+    """server_reset_query_always: the reset query after every transaction, in every
+    pool mode (its replies are hidden; the next client's requests queue behind it)."""
+    cfg = pooler.settings.pooler
+    if cfg.server_reset_query_always and cfg.server_reset_query:
+        server.send_hidden_query(cfg.server_reset_query)
+
+
+def server_available(pooler: Pooler, server: ServerConnection) -> None:
+    """A server with no client: hand it to the first waiting client, or keep it idle."""
+    pool = server.pool
+    if server.cancels_in_flight:
+        pool.park_canceled(server)  # _send_cancel brings it back
+        return
+    pool.being_canceled.discard(server)
+    now = pooler.now()
+    lifetime = pooler.settings.pooler.server_lifetime
+    if pool.paused or pool.close_needed or pool.removed or (
+        lifetime and now - server.connect_time > lifetime
+        and server.state is not ServerState.LOGIN
+    ):
+        reason = _close_reason(pooler, server, now)
+        if reason:
+            server.close(reason)
+            return
+    if server.state is not ServerState.IDLE:
+        server.on(ServerEvent.FREED)
+    server.request_time = now  # free since now (server_check_delay counts from here)
+    if not pool.paused:
+        while (client := pool.dequeue()) is not None:
+            if client.state is ClientState.WAITING:
+                link(pooler, client, server)
+                return
+    pool.put_idle(server)
+
+
+def _close_reason(pooler: Pooler, server: ServerConnection, now: float) -> str:
+    """Why a server that just became free must close instead of serving again, if so."""
+    pool = server.pool
+    if pool.paused:
+        return "pause mode"
+    if server in pool.close_needed:
+        return "database configuration changed"
+    if pool.removed and not pool.clients:
+        return "database removed"
+    lifetime = pooler.settings.pooler.server_lifetime
+    if lifetime and now - server.connect_time > lifetime and (
+        server.state is not ServerState.LOGIN
+    ):
+        return "server lifetime over"
+    return ""
+
+
+def serve_waiting(pooler: Pooler, pool: Pool) -> None:
+    while pool.waiting and pool.idle and not pool.paused:
+        server = pool.take_idle()
+        client = pool.dequeue()
+        assert server is not None and client is not None
+        if client.state is ClientState.WAITING:
+            link(pooler, client, server)
+        else:
+            pool.put_idle(server)
+
+
+def carry_back_pressure(client: ClientConnection, server: ServerConnection) -> None:
+    """A new link inherits the pauses its two sides are in: a client still above its write
+    high-water mark gets a server whose reading is paused, and the other way round."""
+    if client.writing_paused:
+        server.pause_reading()
+    if server.writing_paused:
+        client.pause_reading()

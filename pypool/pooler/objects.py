@@ -1,0 +1,538 @@
+"""The Pooler: the running pooler's objects, and the calls the other layers make into it.
+
+The Pooler owns every connection object and the bookkeeping around them: the pools by
+(database, user) and the limits each is built with, the servers it opens and logs in
+(per database and per user, under max_db_connections and max_user_connections), the
+clients from their TCP connection through authentication (the auth_file, auth_query, the
+cancel keys) to their close, and the servers with writes deferred to the end of the loop's
+round. It decides nothing about who gets which server: the sans-IO Pool does, and
+linking.py carries it out.
+
+The client and server Protocols (net/) call in here at their turning points: a client
+authenticated, a client needs a server, a transaction ended, a server logged in or closed.
+Where the work belongs to another concept (linking.py, cancel.py, janitor.py,
+lifecycle.py), the method here only hands over, so those callers need know nothing of the
+split.
+
+Never forget a connection without its counts (servers_per_db, servers_per_user, the pool's
+lists), and never leave a client whose server has closed without an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ..auth.auth_file import load_auth_file
+from ..auth.md5 import is_md5_hash
+from ..auth.scram import ScramVerifier, is_scram_verifier
+from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
+from ..net import pipeline
+from ..net.client import ClientConnection
+from ..net.hooks import OpenConsole, ServeMetrics
+from ..net.server import ServerConnection, ServerLoginError
+from ..pooling.pool import Pool, PoolLimits
+from ..pooling.prepared import Registry
+from ..pooling.stats import StatsPeriods
+from ..protocol import errors
+from ..protocol import messages as m
+from ..protocol.errors import PoolerError
+from ..settings import DatabaseEntry, Settings
+from . import cancel, lifecycle, linking
+
+log = logging.getLogger("pypool")
+
+ADMIN_DATABASES: Final = ("pgbouncer", "pypool")
+
+
+@dataclass
+class ServerCredentials:
+    """What the pooler has to log into PostgreSQL as `user`."""
+
+    user: str
+    password: str | None = None
+    md5_hash: str | None = None
+    verifier: ScramVerifier | None = None
+    scram_client_key: bytes | None = None
+
+
+class Pooler:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.loop = asyncio.get_running_loop()
+        # Not loop.time: uvloop's is cached per iteration at millisecond resolution, which
+        # would round every transaction, query and wait time (SHOW STATS, histograms) to ms.
+        self.now = time.monotonic
+        self.start_time = time.time()
+        self.pools: dict[tuple[str, str], Pool] = {}
+        self.clients: set[ClientConnection] = set()
+        self.login_clients: set[ClientConnection] = set()
+        self.cancel_keys: dict[tuple[int, int], ClientConnection] = {}
+        self.servers_per_db: dict[str, int] = {}
+        self.servers_per_user: dict[str, int] = {}
+        self.auth_secrets: dict[str, str] = {}
+        self.auth_query_secrets: dict[str, str] = {}
+        self.scram_client_keys: dict[str, bytes] = {}
+        # Prepared statements by Parse body, shared by all pools (pooling/prepared/).
+        self.statement_registry = Registry()
+        self.listeners: list[asyncio.AbstractServer] = []
+        self.shutting_down = ""  # "", "SIGINT" (drain transactions) or "SIGTERM" (drain clients)
+        self.stopped = self.loop.create_future()
+        self.janitor_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._to_flush: list[ServerConnection] = []  # servers with deferred writes
+        # The operator's switches (admin console, SIGUSR1/2): PAUSE of everything or of some
+        # databases, DISABLE; databases gone from the config whose clients are still here.
+        self.paused_all = False
+        self.paused_dbs: set[str] = set()
+        self.disabled_dbs: set[str] = set()
+        self.retired: dict[str, DatabaseEntry] = {}
+        self.stats_periods = StatsPeriods(self.now())  # SHOW STATS averages, the stats line
+        self.metrics_servers: list[asyncio.AbstractServer] = []
+        # The console and the metrics endpoint, plugged in at start-up (cli.build_pooler):
+        # net/ never imports them. None: no console, no metrics (net/hooks.py).
+        self.open_console: OpenConsole | None = None
+        self.serve_metrics: ServeMetrics | None = None
+        self.load_auth()
+
+    def load_auth(self) -> None:
+        known = dict(self.settings.inline_users)
+        path = self.settings.pooler.auth_file
+        if path:
+            try:
+                known.update(load_auth_file(path))
+            except OSError as exc:
+                log.error("auth_file %s: cannot read: %s", path, exc.strerror)
+        self.auth_secrets = known
+
+    # --- pools and servers ----------------------------------------------------------------
+
+    def limits_for(self, entry: DatabaseEntry, user: str) -> PoolLimits:
+        cfg = self.settings.pooler
+        user_entry = self.settings.users.get(user)
+
+        def pick(*values: int | str | None) -> int | str:
+            return next(v for v in values if v is not None)
+
+        return PoolLimits(
+            pool_size=int(pick(entry.pool_size, user_entry.pool_size if user_entry else None,
+                               cfg.default_pool_size)),
+            min_pool_size=int(pick(entry.min_pool_size, cfg.min_pool_size)),
+            reserve_pool_size=int(pick(entry.reserve_pool_size, cfg.reserve_pool_size)),
+            reserve_pool_timeout=cfg.reserve_pool_timeout,
+            pool_mode=str(pick(user_entry.pool_mode if user_entry else None, entry.pool_mode,
+                               cfg.pool_mode)),
+        )
+
+    def pool_for(self, database: str, user: str) -> Pool | None:
+        entry = self.settings.database(database)
+        if entry is None:
+            return None
+        user = entry.user or user
+        key = (database, user)
+        pool = self.pools.get(key)
+        if pool is None:
+            pool = Pool(database, user, self.limits_for(entry, user))
+            pool.paused = self.paused_all or database in self.paused_dbs
+            pool.disabled = database in self.disabled_dbs
+            self.pools[key] = pool
+            self.launch_servers(pool)
+        return pool
+
+    def credentials_for(self, entry: DatabaseEntry, user: str) -> ServerCredentials:
+        creds = ServerCredentials(user)
+        if entry.password:
+            creds.password = entry.password
+            return creds
+        secret = self.auth_secrets.get(user) or self.auth_query_secrets.get(user)
+        if secret is None:
+            return creds
+        if is_scram_verifier(secret):
+            creds.verifier = ScramVerifier.parse(secret)
+            creds.scram_client_key = self.scram_client_keys.get(user)
+        elif is_md5_hash(secret):
+            creds.md5_hash = secret
+        else:
+            creds.password = secret
+        return creds
+
+    def launch_servers(self, pool: Pool) -> None:
+        if pool.paused or self.shutting_down == "now":
+            return
+        now = self.now()
+        if pool.login_error is not None:
+            if now - pool.login_error[1] < self.settings.pooler.server_login_retry:
+                return
+        cfg = self.settings.pooler
+        entry = self.settings.database(pool.database) or self.retired.get(pool.database)
+        if entry is None:
+            return
+        room_db = room_user = 1 << 30
+        max_db = entry.max_db_connections or cfg.max_db_connections
+        if max_db:
+            room_db = max_db - self.servers_per_db.get(pool.database, 0)
+        user_entry = self.settings.users.get(pool.user)
+        max_user = (user_entry and user_entry.max_user_connections) or cfg.max_user_connections
+        if max_user:
+            room_user = max_user - self.servers_per_user.get(pool.user, 0)
+        oldest = pool.waiting[0].wait_start if pool.waiting else None
+        wanted = pool.servers_wanted(now, oldest, room_db, room_user)
+        if not wanted and min(room_db, room_user) <= 0 and pool.servers_wanted(
+            now, oldest, 1 << 30, 1 << 30
+        ):
+            # Only max_db_connections / max_user_connections stand in the way: as PgBouncer
+            # (evict_connection), close another pool's idle server to make room, or an idle
+            # pool would starve a busy one forever.
+            if self._evict_idle(pool, same_db=room_db <= 0, same_user=room_user <= 0):
+                self.launch_servers(pool)
+            return
+        for _ in range(wanted):
+            self._open_server(pool, entry)
+
+    def _evict_idle(self, pool: Pool, same_db: bool, same_user: bool) -> bool:
+        """Close the longest-idle server of another pool under the same exhausted cap."""
+        candidates = [
+            server
+            for other in self.pools.values()
+            if other is not pool
+            and (not same_db or other.database == pool.database)
+            and (not same_user or other.user == pool.user)
+            for server in other.idle
+        ]
+        if not candidates:
+            return False
+        victim = min(candidates, key=lambda server: server.request_time)
+        victim.close("evicted to make room for another pool")
+        self.server_closed(victim, "evicted to make room for another pool")
+        return True
+
+    def _open_server(self, pool: Pool, entry: DatabaseEntry) -> None:
+        startup: dict[str, str] = {}
+        if entry.application_name:
+            startup["application_name"] = entry.application_name
+        for key, name in (("client_encoding", "client_encoding"), ("datestyle", "DateStyle"),
+                          ("timezone", "TimeZone")):
+            value = getattr(entry, key)
+            if value:
+                startup[name] = value
+        server = ServerConnection(
+            self, pool, entry.host, entry.port, entry.server_dbname,
+            self.credentials_for(entry, pool.user), startup,
+        )
+        pool.login.add(server)
+        self.servers_per_db[pool.database] = self.servers_per_db.get(pool.database, 0) + 1
+        self.servers_per_user[pool.user] = self.servers_per_user.get(pool.user, 0) + 1
+        self.spawn(self._connect(server))
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _connect(self, server: ServerConnection) -> None:
+        timeout = self.settings.pooler.server_connect_timeout or None
+        try:
+            async with asyncio.timeout(timeout):
+                await self.loop.create_connection(lambda: server, server.host, server.port)
+                await server.ready
+        except ServerLoginError as exc:
+            self._login_failed(server, exc.args[0], exc.error)
+        except (OSError, TimeoutError) as failure:  # own name: mypyc types `exc` above
+            reason = "server connect timeout" if isinstance(failure, TimeoutError) else str(failure)
+            text = f"server connection failed: {reason}"
+            self._login_failed(server, text, m.error_response(text, "08006", "FATAL"))
+
+    def _login_failed(self, server: ServerConnection, text: str, error: bytes) -> None:
+        pool = server.pool
+        log.warning("%r: server login failed: %s", server, text)
+        pool.login_error = (error, self.now())
+        pool.stats.count_error("server_login_failed")
+        server.close(f"login failed: {text}")
+        self.server_closed(server, f"login failed: {text}")
+        # The clients waiting for this login get the server's own error; so do those queued
+        # when no server is left to serve them (they would wait query_wait_timeout for
+        # nothing: no login is tried again before server_login_retry).
+        stranded = list(pool.awaiting_params)
+        pool.awaiting_params.clear()
+        if not pool.idle and not pool.active and not pool.login:
+            stranded += [client for client in pool.waiting if client.state is ClientState.WAITING]
+            pool.waiting.clear()
+        for client in stranded:
+            client.write(error)
+            client.close("server login failed")
+
+    def server_logged_in(self, server: ServerConnection) -> None:
+        pool = server.pool
+        pool.login_error = None
+        if pool.server_params is None:
+            pool.server_params = dict(server.params)
+        if self.settings.pooler.log_connections:
+            log.info("%r: new server connection", server)
+        waiting_for_params, pool.awaiting_params = pool.awaiting_params, []
+        for client in waiting_for_params:
+            if client.state is ClientState.WELCOME:
+                client.welcome(pool.server_params)
+        entry = self.settings.database(pool.database) or self.retired.get(pool.database)
+        if entry is not None and entry.connect_query:
+            # Before any client: its replies are hidden, the first client's requests follow.
+            server.send_hidden_query(entry.connect_query)
+        linking.server_available(self, server)
+
+    def server_closed(self, server: ServerConnection, reason: str) -> None:
+        """Forget a server that is gone; its client, if it had one, gets an error."""
+        if server.state is ServerState.CLOSED:
+            return
+        server.on(ServerEvent.CLOSED)
+        pool = server.pool
+        pool.forget(server)
+        server.statements.close()
+        self.servers_per_db[pool.database] = self.servers_per_db.get(pool.database, 1) - 1
+        self.servers_per_user[pool.user] = self.servers_per_user.get(pool.user, 1) - 1
+        if server.checking and server.client is not None:
+            # It died under server_check_query, before any of its client's requests.
+            server.checking = False
+            linking.check_failed(self, server, server.client, reason)
+        line = [server.client, *server.chain]
+        server.client = None
+        server.chain.clear()
+        for client in line:
+            if client is not None:
+                client.server = None
+                pool.stats.count_error("server_conn_crashed")
+                client.fail(PoolerError("server conn crashed?", errors.PROTOCOL_VIOLATION))
+        if self.settings.pooler.log_disconnections and not reason.startswith("login failed"):
+            log.info("%r: closing because: %s", server, reason)
+        self.launch_servers(pool)
+
+    def close_server(self, server: ServerConnection, reason: str) -> None:
+        """Close a server; an idle one is taken out of the idle stack first, so no client is
+        handed a closing server before its connection_lost arrives."""
+        if server.state is ServerState.IDLE:
+            server.pool.forget(server)
+        server.close(reason)
+
+    # --- clients --------------------------------------------------------------------------
+
+    def client_connected(self, client: ClientConnection) -> None:
+        self.clients.add(client)
+        self.login_clients.add(client)
+
+    def begin_authentication(self, client: ClientConnection) -> None:
+        cfg = self.settings.pooler
+        if self.shutting_down:
+            raise PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN)
+        # The admin console stays reachable when the clients are at their cap, as PgBouncer
+        # exempts it: that is when an operator needs it most.
+        if len(self.clients) > cfg.max_client_conn and client.database not in ADMIN_DATABASES:
+            raise PoolerError("no more connections allowed (max_client_conn)",
+                              errors.TOO_MANY_CONNECTIONS)
+        secret = self.auth_secrets.get(client.user)
+        if secret is None and client.database not in ADMIN_DATABASES and cfg.auth_type not in (
+            "trust", "any"
+        ):
+            entry = self.settings.database(client.database)
+            auth_user = (entry and entry.auth_user) or cfg.auth_user
+            if entry is not None and auth_user:
+                self.spawn(self._auth_query(client, entry, auth_user))
+                return
+        client.start_auth(secret, cfg.auth_type)
+
+    async def _auth_query(self, client: ClientConnection, entry: DatabaseEntry,
+                          auth_user: str) -> None:
+        from .auth_query import run_auth_query
+
+        secret = None
+        try:
+            secret = await run_auth_query(
+                entry, auth_user, self.credentials_for(dataclasses.replace(entry, password=""),
+                                                       auth_user),
+                self.settings.pooler.auth_query, client.user,
+            )
+        except Exception as failure:  # noqa: BLE001 - any failure means "unknown user"
+            log.warning("%r: auth_query failed: %s", client, failure)
+        if secret:
+            self.auth_query_secrets[client.user] = secret
+        if client.state is ClientState.STARTUP:
+            try:
+                client.start_auth(secret, self.settings.pooler.auth_type)
+            except PoolerError as exc:
+                client.fail(exc)
+
+    def client_authenticated(self, client: ClientConnection, scram_key: bytes | None) -> None:
+        self.login_clients.discard(client)
+        if scram_key is not None:
+            self.scram_client_keys[client.user] = scram_key
+        while True:
+            # Unpredictable: a guessed key would let one client cancel another's queries.
+            key = (secrets.randbits(31), secrets.randbits(32))
+            if key not in self.cancel_keys:
+                break
+        client.cancel_key = key
+        if client.database in ADMIN_DATABASES:
+            if self.open_console is None:
+                raise PoolerError(f"no such database: {client.database}",
+                                  errors.PROTOCOL_VIOLATION)
+            self.open_console(client)
+            return
+        entry = self.settings.database(client.database)
+        if entry is None:
+            raise PoolerError(f"no such database: {client.database}", errors.PROTOCOL_VIOLATION)
+        pool = self.pool_for(client.database, client.user)
+        assert pool is not None
+        if pool.disabled:
+            raise PoolerError(f'database "{client.database}" is disabled')
+        client.pool = pool
+        pool.clients.add(client)
+        if self.settings.pooler.application_name_add_host:
+            # As PgBouncer: the peer's address after the name, set once, at login.
+            name = client.params.get("application_name") or "app"
+            client.params["application_name"] = f"{name} - {client.peer[0]}:{client.peer[1]}"
+        self.cancel_keys[key] = client
+        failing = self.login_failing(pool)
+        if failing is not None:
+            raise failing
+        if pool.server_params is not None:
+            client.welcome(pool.server_params)
+            return
+        pool.awaiting_params.append(client)
+        self.launch_servers(pool)
+
+    def login_failing(self, pool: Pool) -> PoolerError | None:
+        """The error for a client that needs a server while the pool's logins are failing
+        and it has none to serve with (PgBouncer 1.25): at once, rather than after
+        query_wait_timeout; None when the pool may serve."""
+        failed = pool.login_error
+        if failed is None or pool.idle or pool.active:
+            return None
+        if self.now() - failed[1] >= self.settings.pooler.server_login_retry:
+            return None
+        fields = m.parse_error_fields(failed[0][5:])
+        return PoolerError(
+            f"server login has been failing, cached error: {fields.get('M', '')} "
+            "(server_login_retry)"
+        )
+
+    def client_closed(self, client: ClientConnection, reason: str) -> None:
+        if client.state is ClientState.CLOSED:
+            return
+        client.on(ClientEvent.CLOSED)
+        self.clients.discard(client)
+        self.login_clients.discard(client)
+        self.cancel_keys.pop(client.cancel_key, None)
+        pool = client.pool
+        if pool is not None:
+            pool.clients.discard(client)
+            pool.unqueue(client)
+            if client in pool.awaiting_params:
+                pool.awaiting_params.remove(client)
+        server = client.server
+        if server is not None and (server.chain or server.client is not client):
+            # In a pipeline: its requests are on the server, between others'. It keeps its
+            # place until its replies have gone by (net/pipeline.py), unless a segment of it
+            # will never end.
+            if client.ledger.unsynced:
+                server.close("client disconnected with a query in progress")
+        elif server is not None:
+            client.server = None
+            server.client = None
+            server.resume_reading()
+            clean = client.ledger.idle() and client.tx_status == m.TX_IDLE
+            if clean and not server.statements.detach():
+                clean = False  # prepared-statement replies still owed: see release()
+            if clean:
+                cfg = self.settings.pooler
+                assert pool is not None
+                if cfg.server_reset_query and (
+                    pool.limits.pool_mode == "session" or cfg.server_reset_query_always
+                ):
+                    server.send_hidden_query(cfg.server_reset_query)
+                linking.server_available(self, server)
+            else:
+                server.close("client disconnected with a transaction or query in progress")
+        if client.statements is not None:
+            client.statements.close()
+        if self.settings.pooler.log_disconnections and client.user:
+            log.info("%r: closing because: %s", client, reason)
+        lifecycle.maybe_exit(self)
+
+    # --- deferred writes and pipelining --------------------------------------------------
+
+    def flush_soon(self, server: ServerConnection) -> None:
+        """Have `server.flush()` called at the end of this round of the event loop (its
+        callbacks run once every connection with something ready has been read)."""
+        if not self._to_flush:
+            self.loop.call_soon(self._flush_servers)
+        self._to_flush.append(server)
+
+    def _flush_servers(self) -> None:
+        servers, self._to_flush = self._to_flush, []
+        for server in servers:
+            try:
+                server.flush()
+            except Exception:  # noqa: BLE001 - one broken socket must not strand the others
+                log.exception("%r: writing deferred requests failed", server)
+                server.close("write failed")
+
+    def pipeline(self, server: ServerConnection) -> None:
+        """The linked client has sent a whole transaction: if it ends at its Sync, queue
+        waiting clients behind it (net/pipeline.py)."""
+        if pipeline.worth_extending(server):
+            pipeline.extend(self, server)
+
+    # --- where the Protocols, the console and the start-up call in -----------------------
+    # The work is done in the modules named; these keep the calls the other layers make.
+
+    def request_server(self, client: ClientConnection) -> None:
+        """The client has sent something that needs a server (linking.py)."""
+        linking.request_server(self, client)
+
+    def release(self, client: ClientConnection, now: float = 0.0) -> None:
+        """The client's transaction ended and nothing is owed: its server goes back
+        (linking.py)."""
+        linking.release(self, client, now)
+
+    def parameters_applied(self, server: ServerConnection, client: ClientConnection) -> None:
+        linking.parameters_applied(self, server, client)
+
+    def check_failed(self, server: ServerConnection, client: ClientConnection | None,
+                     why: str) -> None:
+        linking.check_failed(self, server, client, why)
+
+    def parameters_failed(self, server: ServerConnection, client: ClientConnection,
+                          fields: dict[str, str]) -> None:
+        linking.parameters_failed(self, server, client, fields)
+
+    def forward_cancel(self, pid: int, secret: int) -> None:
+        """A CancelRequest with a pooler-issued key (cancel.py)."""
+        cancel.forward_cancel(self, pid, secret)
+
+    async def start(self) -> None:
+        await lifecycle.start(self)
+
+    def install_signals(self) -> None:
+        lifecycle.install_signals(self)
+
+    def reload(self) -> bool:
+        """Re-read the ini and the auth_file; keep the old config if the new one is bad."""
+        return lifecycle.reread(self)
+
+    def apply_settings(self, new: Settings) -> None:
+        lifecycle.apply_settings(self, new)
+
+    def pause_all(self, paused: bool) -> None:
+        lifecycle.pause_all(self, paused)
+
+    def set_paused(self, pool: Pool, paused: bool) -> None:
+        lifecycle.set_paused(self, pool, paused)
+
+    def tag_dirty(self, pool: Pool, reason: str) -> None:
+        lifecycle.tag_dirty(self, pool, reason)
+
+    def shutdown(self, how: str) -> None:
+        lifecycle.shutdown(self, how)
