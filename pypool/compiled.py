@@ -34,6 +34,9 @@ HOT_MODULES = (
     "pypool.protocol.messages",
     "pypool.core.ledger",
     "pypool.core.states",
+    "pypool.core.exchange",
+    "pypool.core.client_login",
+    "pypool.core.server_login",
     "pypool.pooling.params",
     "pypool.pooling.pool",
     "pypool.pooling.stats",
@@ -48,11 +51,7 @@ HOT_MODULES = (
     "pypool.net.pipeline",
     "pypool.net.client",
     "pypool.net.server",
-    "pypool.pooler.objects",
-    "pypool.pooler.linking",
-    "pypool.pooler.cancel",
-    "pypool.pooler.janitor",
-    "pypool.pooler.lifecycle",
+    "pypool.net.pooler",
 )
 
 ROOT = Path(__file__).resolve().parent.parent  # the folder that holds `pypool/`

@@ -7,4 +7,10 @@ message types they see and act on what it returns; tests feed it byte sequences
 - `ledger`: the frontend ledger, what a client has sent and is still owed (ReadyForQuery per
   Query, FunctionCall and Sync; COPY sub-states for the simple and the extended protocol),
   which decides when its server may go back to the pool.
+- `states`: the (state, event) -> state tables of a client and a server connection.
+- `exchange`: how a login exchange runs, a generator sent bytes that yields bytes (`advance`).
+- `client_login`: a client logging into the pooler: the startup packet, then the cleartext,
+  md5 or SCRAM-SHA-256 password exchange (mock SCRAM for an unknown user).
+- `server_login`: the pooler logging into PostgreSQL: StartupMessage, the Authentication
+  requests, ParameterStatus and BackendKeyData up to ReadyForQuery, or ServerLoginError.
 """

@@ -18,21 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
-import struct
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Final
 
-from ..auth.md5 import is_md5_hash, md5_hash, md5_response
-from ..auth.scram import (
-    MECHANISM,
-    ScramAuthError,
-    ScramMalformedError,
-    ScramServerExchange,
-    ScramVerifier,
-    verifier_for_password,
-)
+from ..core import client_login
 from ..core import ledger as lg
+from ..core.client_login import Authenticated, FirstPacket
+from ..core.exchange import advance
 from ..core.ledger import FrontendLedger
 from ..core.states import ClientEvent, ClientState, client_transition
 from ..pooling import prepared
@@ -40,31 +33,17 @@ from ..pooling.params import canonical_name, same_encoding
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
-from ..protocol.framing import HEADER_SIZE, FramingError, MessageBuffer, MessageTooLarge
-from ..protocol.startup import (
-    MAX_AUTH_MESSAGE,
-    PROTOCOL_3_0,
-    CancelRequest,
-    GSSENCRequest,
-    SSLRequest,
-    StartupError,
-    StartupMessage,
-    parse_startup_packet,
-    startup_packet_size,
-)
+from ..protocol.framing import FramingError
+from ..protocol.startup import CancelRequest
 from .flow_control import ReadingSwitch
 
 if TYPE_CHECKING:
-    from ..pooler import Pooler
     from ..pooling.pool import Pool
     from .hooks import ConsoleSession
+    from .pooler import Pooler
     from .server import ServerConnection
 
 log = logging.getLogger("pypool.client")
-
-
-# Startup parameters that are not session settings and need no tracking.
-_PLAIN_STARTUP_KEYS: Final = frozenset({"user", "database", "replication"})
 
 _ids = iter(range(1, 1 << 62))
 
@@ -112,13 +91,12 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self.statements: prepared.ClientStatements | None = None
         self._blocked = False
         self._held = b""
+        # The login (core/client_login.py): the startup packet's exchange, what the client
+        # sends between its StartupMessage and start_auth(), then the password exchange.
+        self._startup: Generator[bytes, bytes, FirstPacket] = client_login.read_startup()
+        next(self._startup)
         self._startup_buffer = bytearray()
-        self._messages = MessageBuffer(pooler.settings.pooler.max_packet_size)
-        self._auth_exchange: ScramServerExchange | None = None
-        self._auth_kind = ""
-        self._scram_started = False
-        self._md5_salt = b""
-        self._secret: str | None = None
+        self._auth: Generator[bytes, bytes, Authenticated] | None = None
         self._skip = 0
         self._partial = bytearray()
         self._reading_paused = False
@@ -204,72 +182,34 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    # --- startup and authentication -------------------------------------------------------
+    # --- startup and authentication (the exchanges are core/client_login.py) --------------
 
     def _startup_data(self, data: bytes) -> None:
-        self._startup_buffer += data
-        while self.state is ClientState.STARTUP:
-            if self.user:
-                # The StartupMessage is in and auth_query is looking the user up: what
-                # follows waits, bounded, for start_auth(). Another startup packet would
-                # start a second login under a new name while the first one's runs.
-                held = self._startup_buffer
-                if held[:1] == b"\x00":
-                    raise errors.ClientProtocolError("client re-sent startup pkt")
-                if len(held) > MAX_AUTH_MESSAGE + HEADER_SIZE:
-                    raise errors.ClientProtocolError(
-                        f"{len(held)} bytes sent before the authentication request"
-                    )
-                return
-            try:
-                size = startup_packet_size(self._startup_buffer)
-            except StartupError as exc:
-                # Garbage or a typed message before the startup packet: answered in v3,
-                # FATAL 08P01, as PgBouncer does ("bad packet header"); fail() logs it.
-                raise errors.ClientProtocolError(str(exc)) from None
-            if size is None or len(self._startup_buffer) < size:
-                return
-            packet = bytes(self._startup_buffer[:size])
-            del self._startup_buffer[:size]
-            try:
-                parsed = parse_startup_packet(packet)
-            except StartupError as exc:
-                raise errors.ClientProtocolError(str(exc)) from None
-            if isinstance(parsed, (SSLRequest, GSSENCRequest)):
-                self.write(b"N")
-            elif isinstance(parsed, CancelRequest):
-                self.pooler.forward_cancel(parsed.pid, parsed.secret)
-                self.close("cancel request")
-            else:
-                self._startup_message(parsed)
-        if self._startup_buffer:
-            rest = bytes(self._startup_buffer)
-            self._startup_buffer.clear()
-            self.data_received(rest)
-
-    def _startup_message(self, startup: StartupMessage) -> None:
+        if self.user:
+            # The StartupMessage is in and auth_query is looking the user up: what follows
+            # waits, bounded, for start_auth().
+            self._startup_buffer += data
+            client_login.check_held(self._startup_buffer)
+            return
+        first = advance(self._startup, data, self.write)
+        if first is None:
+            return
+        packet = first.packet
+        if isinstance(packet, CancelRequest):
+            self.pooler.forward_cancel(packet.pid, packet.secret)
+            self.close("cancel request")
+            return
         settings = self.pooler.settings.pooler
-        if startup.minor > 0 or startup.protocol_options:
-            # The newest version for major 3 is 3.0, sent whole as PostgreSQL sends it.
-            self.write(m.negotiate_protocol_version(PROTOCOL_3_0,
-                                                    list(startup.protocol_options)))
-        params = startup.params
-        self.user = params.get("user", "")
-        if not self.user:
-            raise errors.ClientProtocolError("no username supplied", "28000")
-        self.database = params.get("database") or self.user
-        self.startup_params = params
-        for key, value in params.items():
-            if key in _PLAIN_STARTUP_KEYS:
-                continue
-            name = canonical_name(key, settings.track_extra_parameters)
-            if name is not None:
-                self.params[name] = value
-            elif key.lower() not in {k.lower() for k in settings.ignore_startup_parameters}:
-                raise PoolerError(f"unsupported startup parameter: {key}")
+        self.user, self.database = client_login.login_names(packet.params)
+        self.startup_params = packet.params
+        self.params.update(client_login.tracked_parameters(
+            packet.params, settings.track_extra_parameters, settings.ignore_startup_parameters))
         if settings.log_connections:
             log.info("%r: login attempt: db=%s user=%s", self, self.database, self.user)
+        self._startup_buffer += first.rest
         self.pooler.begin_authentication(self)
+        if self.state is ClientState.STARTUP:
+            client_login.check_held(self._startup_buffer)
 
     def start_auth(self, secret: str | None, auth_type: str) -> None:
         """Ask for the client's password in the way `auth_type` and the secret allow.
@@ -277,112 +217,32 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         `secret` None means the user is unknown: the exchange still runs in full and fails
         as a wrong password would.
         """
-        self._secret = secret
         if auth_type in ("trust", "any"):
             self.authenticated(None)
         else:
             self.on(ClientEvent.AUTH_REQUESTED)
-            # A password or SASL step is small: refuse a bigger header before its body.
-            self._messages.max_size = min(self._max_packet, MAX_AUTH_MESSAGE + HEADER_SIZE)
-            use_md5 = auth_type == "md5" and not (secret and secret.startswith(MECHANISM))
-            if auth_type == "scram-sha-256" and secret is not None and is_md5_hash(secret):
-                use_md5 = True  # a stored md5 hash cannot verify a SCRAM proof
-            if auth_type == "plain":
-                self._auth_kind = "plain"
-                self.write(m.authentication(m.AUTH_CLEARTEXT_PASSWORD))
-            elif use_md5:
-                self._auth_kind = "md5"
-                self._md5_salt = os.urandom(4)
-                self.write(m.authentication(m.AUTH_MD5_PASSWORD, self._md5_salt))
-            else:
-                self._auth_kind = "scram"
-                verifier = None
-                if secret is not None:
-                    verifier = (ScramVerifier.parse(secret)
-                                or verifier_for_password(self.user, secret))
-                self._auth_exchange = ScramServerExchange(verifier, self.user)
-                self.write(m.authentication_sasl([MECHANISM]))
+            self._auth = client_login.password_exchange(self.user, secret, auth_type,
+                                                        self._max_packet)
+            self.write(next(self._auth))  # the authentication request
         if self._startup_buffer and self.state is not ClientState.CLOSED:
-            # What the client sent after its StartupMessage while auth_query ran (in the
-            # synchronous case _startup_data finds this empty afterwards).
+            # What the client sent after its StartupMessage while auth_query ran (or in the
+            # same read as it).
             rest = bytes(self._startup_buffer)
             self._startup_buffer.clear()
             self.data_received(rest)
 
     def _auth_data(self, data: bytes) -> None:
-        self._messages.feed(data)
-        try:
-            for kind, body in self._messages.messages():
-                if self.state is not ClientState.AUTH:
-                    break
-                if kind != m.PASSWORD_MESSAGE:
-                    raise errors.ClientProtocolError(
-                        f"expected a password message, got {chr(kind)!r}", "28000"
-                    )
-                self._auth_message(body)
-        except MessageTooLarge as too_large:
-            raise errors.ClientProtocolError(
-                f"password packet too long ({too_large.size} bytes, at most "
-                f"{too_large.limit} before login)"
-            ) from None
-        if self.state is not ClientState.AUTH and len(self._messages):
-            self._partial += self._messages.take_rest()
-
-    def _auth_message(self, body: bytes) -> None:
-        secret = self._secret
-        # A failed login is the client's failure: logged at WARNING, so `-q` still shows it.
-        failed = PoolerError("password authentication failed", errors.INVALID_PASSWORD,
-                             side=errors.Side.CLIENT)
-        if self._auth_kind == "scram":
-            exchange = self._auth_exchange
-            assert exchange is not None
-            sasl_failed = PoolerError("SASL authentication failed", errors.INVALID_PASSWORD,
-                                      side=errors.Side.CLIENT)
-            try:
-                if not self._scram_started:
-                    self._scram_started = True
-                    mechanism, initial = m.parse_sasl_initial_response(body)
-                    if mechanism != MECHANISM:
-                        raise sasl_failed  # PostgreSQL: 08P01, but clients may match 28P01
-                    if initial is None:
-                        # No initial response: an empty challenge asks for it (RFC 4422,
-                        # as PostgreSQL does); it comes back as a SASLResponse.
-                        self.write(m.authentication(m.AUTH_SASL_CONTINUE))
-                        return
-                    body = initial
-                if exchange.expects_client_first:
-                    self.write(m.authentication(m.AUTH_SASL_CONTINUE,
-                                                exchange.client_first(body)))
-                    return
-                final = exchange.client_final(body)
-            except ScramMalformedError as malformed:
-                # Broken grammar is a protocol violation (08P01), as in PostgreSQL.
-                raise errors.ClientProtocolError(str(malformed)) from None
-            except (ValueError, struct.error) as bad_message:  # own name (mypyc)
-                raise errors.ClientProtocolError(str(bad_message)) from None
-            except ScramAuthError:
-                raise sasl_failed from None
-            self.write(m.authentication(m.AUTH_SASL_FINAL, final))
-            self.authenticated(exchange.client_key)
+        exchange = self._auth
+        assert exchange is not None
+        done = advance(exchange, data, self.write)
+        if done is None:
             return
-        password = m.parse_password(body)
-        if secret is None:
-            raise failed
-        if self._auth_kind == "md5":
-            stored = secret if is_md5_hash(secret) else md5_hash(secret, self.user)
-            if password != md5_response(stored, self._md5_salt):
-                raise failed
-        else:  # cleartext
-            verifier = ScramVerifier.parse(secret)
-            if verifier is not None:
-                ok = _scram_matches(verifier, password)
-            elif is_md5_hash(secret):
-                ok = md5_hash(password, self.user) == secret
-            else:
-                ok = password == secret
-            if not ok:
-                raise failed
-        self.authenticated(None)
+        self._auth = None
+        if done.reply:
+            self.write(done.reply)
+        self.authenticated(done.client_key)
+        if self.state is not ClientState.AUTH and done.rest:
+            self._partial += done.rest
 
     def authenticated(self, scram_client_key: bytes | None) -> None:
         """The password checked out. AuthenticationOk waits for the welcome, so that an
@@ -757,9 +617,3 @@ _SYNC: Final = m.SYNC
 _WHOLE: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.QUERY)
 _REQUESTS: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.EXECUTE, m.SYNC, m.QUERY,
                    m.FUNCTION_CALL)
-
-
-def _scram_matches(verifier: ScramVerifier, password: str) -> bool:
-    """Whether a cleartext password produces this SCRAM verifier's StoredKey."""
-    candidate = ScramVerifier.from_password(password, verifier.iterations, verifier.salt)
-    return candidate.stored_key == verifier.stored_key

@@ -18,21 +18,22 @@ import asyncio
 import logging
 import socket
 from collections import deque
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Final
 
-from ..auth.md5 import md5_response_from_secret
-from ..auth.scram import MECHANISM, ScramAuthError, ScramClientLogin
+from ..core import server_login
+from ..core.exchange import advance
+from ..core.server_login import LoggedIn, ServerLoginError
 from ..core.states import ServerEvent, ServerState, server_transition
 from ..pooling import prepared
 from ..pooling.params import covers, set_statements
 from ..protocol import messages as m
-from ..protocol.framing import MessageBuffer
 from .flow_control import ReadingSwitch
 
 if TYPE_CHECKING:
-    from ..pooler import Pooler, ServerCredentials
     from ..pooling.pool import Pool
     from .client import ClientConnection
+    from .pooler import Pooler, ServerCredentials
 
 log = logging.getLogger("pypool.server")
 
@@ -51,14 +52,6 @@ _STREAMED: Final = tuple(kind not in _LOOKED_AT for kind in range(256))
 HIDDEN_PLAIN: Final = 0  # reset query, connect_query: replies swallowed, errors logged
 HIDDEN_CHECK: Final = 1  # server_check_query before a client's requests
 HIDDEN_SET: Final = 2  # the client's session parameters before its requests
-
-
-class ServerLoginError(Exception):
-    """The server refused the login; `error` is its ErrorResponse, ready to forward."""
-
-    def __init__(self, text: str, error: bytes) -> None:
-        super().__init__(text)
-        self.error = error
 
 
 class ServerConnection(ReadingSwitch, asyncio.Protocol):
@@ -111,8 +104,8 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.close_reason = ""
         self.local_port = 0
         self.ready: asyncio.Future[None] = pooler.loop.create_future()
-        self._login_buffer = MessageBuffer()
-        self._scram: ScramClientLogin | None = None
+        # The login exchange (core/server_login.py), from connection_made to ReadyForQuery.
+        self._login: Generator[bytes, bytes, LoggedIn] | None = None
         # Hot-path framing state: bytes of an unparsed message body still to pass through,
         # and an incomplete message held back until its end arrives.
         self._skip = 0
@@ -144,9 +137,14 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             except OSError:
                 pass
         self.on(ServerEvent.CONNECTED)
-        params = {"user": self.credentials.user, "database": self.dbname}
-        params.update(self.startup_params)
-        self.transport.write(m.startup_message(params))  # type: ignore[union-attr]
+        creds = self.credentials
+        verifier = creds.verifier
+        self._login = server_login.login(
+            creds.user, self.dbname, self.startup_params, password=creds.password,
+            md5_hash=creds.md5_hash, client_key=creds.scram_client_key,
+            server_key=verifier.server_key if verifier is not None else None,
+        )
+        self.transport.write(next(self._login))  # type: ignore[union-attr]  # StartupMessage
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.state is ServerState.CLOSED:
@@ -253,91 +251,30 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             self._relay(data)
 
     def _login_data(self, data: bytes) -> None:
-        self._login_buffer.feed(data)
+        login = self._login
+        if login is None:
+            return  # logged in but closing (pooler.server_available): nothing more to read
+        assert self.transport is not None
         try:
-            for kind, body in self._login_buffer.messages():
-                self._login_message(kind, body)
-                if self.state is not ServerState.LOGIN:
-                    rest = self._login_buffer.take_rest()
-                    if rest:
-                        self._relay(rest)
-                    return
+            done = advance(login, data, self.transport.write)
         except ServerLoginError as exc:
+            self._login = None
             self._fail_login(exc)
-        except (ScramAuthError, ValueError, KeyError, IndexError) as bad:  # own name (mypyc)
-            text = f"server login failed: {bad}"
-            self._fail_login(ServerLoginError(text, m.error_response(text, "08P01", "FATAL")))
+            return
+        if done is None:
+            return
+        self._login = None
+        self.params.update(done.params)
+        self.backend_pid, self.backend_secret = done.backend_pid, done.backend_secret
+        self.ready.set_result(None)
+        self.pooler.server_logged_in(self)
+        if self.state is not ServerState.LOGIN and done.rest:
+            self._relay(done.rest)
 
     def _fail_login(self, exc: ServerLoginError) -> None:
         if not self.ready.done():
             self.ready.set_exception(exc)
         self.close(f"login failed: {exc}")
-
-    def _login_message(self, kind: int, body: bytes) -> None:
-        if kind == m.AUTHENTICATION:
-            code, payload = m.parse_authentication(body)
-            self._authenticate(code, payload)
-        elif kind == m.PARAMETER_STATUS:
-            name, value = m.parse_parameter_status(body)
-            self.params[name] = value
-        elif kind == m.BACKEND_KEY_DATA:
-            self.backend_pid, self.backend_secret = m.parse_backend_key_data(body)
-        elif kind == m.ERROR_RESPONSE:
-            fields = m.parse_error_fields(body)
-            raise ServerLoginError(fields.get("M", "server login failed"), m.message(kind, body))
-        elif kind == m.READY_FOR_QUERY:
-            self.ready.set_result(None)
-            self.pooler.server_logged_in(self)
-        elif kind in (m.NOTICE_RESPONSE, m.NEGOTIATE_PROTOCOL_VERSION):
-            pass
-        else:
-            raise ValueError(f"unexpected message {chr(kind)!r} during login")
-
-    def _authenticate(self, code: int, payload: bytes) -> None:
-        assert self.transport is not None
-        creds = self.credentials
-        if code == m.AUTH_OK:
-            return
-        if code == m.AUTH_CLEARTEXT_PASSWORD:
-            if creds.password is None:
-                raise self._no_password("cleartext")
-            self.transport.write(m.password_message(m.cstring(creds.password)))
-        elif code == m.AUTH_MD5_PASSWORD:
-            secret = creds.password or creds.md5_hash
-            if secret is None:
-                raise self._no_password("md5")
-            response = md5_response_from_secret(secret, creds.user, payload[:4])
-            self.transport.write(m.password_message(m.cstring(response)))
-        elif code == m.AUTH_SASL:
-            if MECHANISM not in m.parse_sasl_mechanisms(payload):
-                raise self._no_password("SASL without SCRAM-SHA-256")
-            if creds.password is not None:
-                self._scram = ScramClientLogin(creds.user, password=creds.password)
-            elif creds.scram_client_key is not None and creds.verifier is not None:
-                self._scram = ScramClientLogin(
-                    creds.user, client_key=creds.scram_client_key,
-                    server_key=creds.verifier.server_key,
-                )
-            else:
-                raise self._no_password("SCRAM")
-            self.transport.write(m.sasl_initial_response(MECHANISM, self._scram.client_first()))
-        elif code == m.AUTH_SASL_CONTINUE:
-            if self._scram is None:
-                raise ValueError("SASLContinue without SASL")
-            self.transport.write(m.password_message(self._scram.server_first(payload)))
-        elif code == m.AUTH_SASL_FINAL:
-            if self._scram is None:
-                raise ValueError("SASLFinal without SASL")
-            self._scram.server_final(payload)
-        else:
-            raise self._no_password(f"authentication method {code}")
-
-    def _no_password(self, method: str) -> ServerLoginError:
-        text = (
-            f"cannot do {method} authentication to the server for user "
-            f'"{self.credentials.user}": no usable password'
-        )
-        return ServerLoginError(text, m.error_response(text, "08P01", "FATAL"))
 
     # --- the hot path: server to client ---------------------------------------------------
 

@@ -1,0 +1,285 @@
+"""A client logging into the pooler, as exchanges that take and return bytes.
+
+Two exchanges, each a generator run by `core/exchange.advance` (sent the bytes the client
+sent, it yields the bytes to answer; see there), with two plain steps between them. What
+they decide is the pooler's answer to the client; what comes next (the auth_file or
+auth_query lookup, the pool, the welcome) the adapter, net/client.py, asks the pooler for.
+
+1. `read_startup`: the untyped first packets. SSLRequest and GSSENCRequest are answered
+   'N' (no TLS here); a StartupMessage newer than 3.0, or with protocol options, gets
+   NegotiateProtocolVersion. It returns at a CancelRequest or a StartupMessage, whose
+   parameters `login_names` and `tracked_parameters` then read.
+2. Until the pooler asks for a password (auth_query may be looking the user up), what the
+   client sends is held, bounded: `check_held`.
+3. `password_exchange`: given the user's secret (None: an unknown user) and auth_type, it
+   asks for a cleartext, md5 or SCRAM-SHA-256 password and checks it. It returns
+   `Authenticated`, with the SCRAM ClientKey that logs into servers as this user, or raises
+   a PoolerError: 28P01 for a wrong password, and for an unknown user after a full mock
+   SCRAM exchange (auth/scram.py), so that user names cannot be probed; 08P01 for what
+   breaks the protocol. Before login a message is at most 64 KiB (MAX_AUTH_MESSAGE).
+
+Never here: sockets, the event loop, the pooler's objects, logging.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Final
+
+from ..auth.md5 import is_md5_hash, md5_hash, md5_response
+from ..auth.scram import (
+    MECHANISM,
+    ScramAuthError,
+    ScramMalformedError,
+    ScramServerExchange,
+    ScramVerifier,
+    verifier_for_password,
+)
+from ..pooling.params import canonical_name
+from ..protocol import errors
+from ..protocol import messages as m
+from ..protocol.errors import PoolerError
+from ..protocol.framing import HEADER_SIZE, FramingError, MessageBuffer, MessageTooLarge
+from ..protocol.startup import (
+    MAX_AUTH_MESSAGE,
+    PROTOCOL_3_0,
+    CancelRequest,
+    GSSENCRequest,
+    SSLRequest,
+    StartupError,
+    StartupMessage,
+    parse_startup_packet,
+    startup_packet_size,
+)
+
+# Startup parameters that are not session settings and need no tracking.
+_PLAIN_STARTUP_KEYS: Final = frozenset({"user", "database", "replication"})
+
+# How the password is asked for (`auth_method`).
+CLEARTEXT: Final = "cleartext"
+MD5: Final = "md5"
+SCRAM: Final = "scram"
+
+
+# --- 1. the startup packet -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FirstPacket:
+    """The packet `read_startup` ended at, and what the client sent after it."""
+
+    packet: CancelRequest | StartupMessage
+    rest: bytes
+
+
+def read_startup() -> Generator[bytes, bytes, FirstPacket]:
+    """Read startup packets until a CancelRequest or a StartupMessage (see the module)."""
+    buffer = bytearray()
+    while True:
+        try:
+            size = startup_packet_size(buffer)
+        except StartupError as exc:
+            # Garbage or a typed message before the startup packet: answered in v3,
+            # FATAL 08P01, as PgBouncer does ("bad packet header").
+            raise errors.ClientProtocolError(str(exc)) from None
+        if size is None or len(buffer) < size:
+            data = yield b""
+            buffer += data
+            continue
+        packet = bytes(buffer[:size])
+        del buffer[:size]
+        try:
+            parsed = parse_startup_packet(packet)
+        except StartupError as bad:  # own name (mypyc)
+            raise errors.ClientProtocolError(str(bad)) from None
+        if isinstance(parsed, (SSLRequest, GSSENCRequest)):
+            data = yield b"N"
+            buffer += data
+        elif isinstance(parsed, CancelRequest):
+            return FirstPacket(parsed, bytes(buffer))
+        else:
+            if parsed.minor > 0 or parsed.protocol_options:
+                # The newest version for major 3 is 3.0, sent whole as PostgreSQL sends it.
+                data = yield m.negotiate_protocol_version(
+                    PROTOCOL_3_0, list(parsed.protocol_options))
+                buffer += data
+            return FirstPacket(parsed, bytes(buffer))
+
+
+def login_names(params: dict[str, str]) -> tuple[str, str]:
+    """The user and the database a StartupMessage's parameters log into."""
+    user = params.get("user", "")
+    if not user:
+        raise errors.ClientProtocolError("no username supplied", errors.INVALID_AUTHORIZATION)
+    return user, params.get("database") or user
+
+
+def tracked_parameters(params: dict[str, str], track_extra: tuple[str, ...],
+                       ignored: tuple[str, ...]) -> dict[str, str]:
+    """The session parameters a StartupMessage sets, by their ParameterStatus names; an
+    unknown one that ignore_startup_parameters does not list fails the login."""
+    tracked: dict[str, str] = {}
+    for key, value in params.items():
+        if key in _PLAIN_STARTUP_KEYS:
+            continue
+        name = canonical_name(key, track_extra)
+        if name is not None:
+            tracked[name] = value
+        elif key.lower() not in {k.lower() for k in ignored}:
+            raise PoolerError(f"unsupported startup parameter: {key}")
+    return tracked
+
+
+# --- 2. waiting for the password request ---------------------------------------------------
+
+
+def check_held(held: bytes | bytearray) -> None:
+    """What the client sent after its StartupMessage, while it waits for the password
+    request: nothing that could start a second login under a new name while the first one's
+    lookup runs, and no more than one password message."""
+    if held[:1] == b"\x00":
+        raise errors.ClientProtocolError("client re-sent startup pkt")
+    if len(held) > MAX_AUTH_MESSAGE + HEADER_SIZE:
+        raise errors.ClientProtocolError(
+            f"{len(held)} bytes sent before the authentication request"
+        )
+
+
+# --- 3. the password -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Authenticated:
+    """The password checked out. AuthenticationOk is not in `reply`: it waits for the
+    welcome, so that an unknown database or a failing server login is reported instead."""
+
+    reply: bytes  # to send now: SCRAM's AuthenticationSASLFinal, else b""
+    client_key: bytes | None  # SCRAM's ClientKey, recovered from the client's proof
+    rest: bytes  # what the client sent after its last password message
+
+
+def auth_method(secret: str | None, auth_type: str) -> str:
+    """CLEARTEXT, MD5 or SCRAM: how to ask for the password under `auth_type` ("plain",
+    "md5", "scram-sha-256") with this secret."""
+    if auth_type == "plain":
+        return CLEARTEXT
+    use_md5 = auth_type == "md5" and not (secret and secret.startswith(MECHANISM))
+    if auth_type == "scram-sha-256" and secret is not None and is_md5_hash(secret):
+        use_md5 = True  # a stored md5 hash cannot verify a SCRAM proof
+    return MD5 if use_md5 else SCRAM
+
+
+def password_exchange(user: str, secret: str | None, auth_type: str,
+                      max_packet: int) -> Generator[bytes, bytes, Authenticated]:
+    """Ask `user` for a password and check it against `secret` (None: an unknown user, whose
+    exchange runs in full and fails as a wrong password would). Its first yield is the
+    authentication request."""
+    # A password or SASL step is small: refuse a bigger header before its body.
+    messages = MessageBuffer(min(max_packet, MAX_AUTH_MESSAGE + HEADER_SIZE))
+    method = auth_method(secret, auth_type)
+    if method == SCRAM:
+        verifier = None
+        if secret is not None:
+            verifier = ScramVerifier.parse(secret) or verifier_for_password(user, secret)
+        exchange = ScramServerExchange(verifier, user)
+        messages.feed((yield m.authentication_sasl([MECHANISM])))
+        return (yield from _sasl(exchange, messages))
+    salt = b""
+    if method == MD5:
+        salt = os.urandom(4)
+        messages.feed((yield m.authentication(m.AUTH_MD5_PASSWORD, salt)))
+    else:
+        messages.feed((yield m.authentication(m.AUTH_CLEARTEXT_PASSWORD)))
+    body = yield from _password_message(messages)
+    password = m.parse_password(body)
+    # A failed login is the client's failure: logged at WARNING, so `-q` still shows it.
+    failed = PoolerError("password authentication failed", errors.INVALID_PASSWORD,
+                         side=errors.Side.CLIENT)
+    if secret is None:
+        raise failed
+    if method == MD5:
+        stored = secret if is_md5_hash(secret) else md5_hash(secret, user)
+        if password != md5_response(stored, salt):
+            raise failed
+    else:
+        verifier = ScramVerifier.parse(secret)
+        if verifier is not None:
+            ok = _scram_matches(verifier, password)
+        elif is_md5_hash(secret):
+            ok = md5_hash(password, user) == secret
+        else:
+            ok = password == secret
+        if not ok:
+            raise failed
+    return Authenticated(b"", None, messages.take_rest())
+
+
+def _sasl(exchange: ScramServerExchange,
+          messages: MessageBuffer) -> Generator[bytes, bytes, Authenticated]:
+    """SASLInitialResponse, SASLResponse: SCRAM-SHA-256 after AuthenticationSASL."""
+    failed = PoolerError("SASL authentication failed", errors.INVALID_PASSWORD,
+                         side=errors.Side.CLIENT)
+    body = yield from _password_message(messages)
+    try:
+        mechanism, initial = m.parse_sasl_initial_response(body)
+    except (ValueError, struct.error) as bad:
+        raise errors.ClientProtocolError(str(bad)) from None
+    if mechanism != MECHANISM:
+        raise failed  # PostgreSQL: 08P01, but clients may match 28P01
+    if initial is None:
+        # No initial response: an empty challenge asks for it (RFC 4422, as PostgreSQL
+        # does); it comes back as a SASLResponse.
+        messages.feed((yield m.authentication(m.AUTH_SASL_CONTINUE)))
+        initial = yield from _password_message(messages)
+    server_first = _scram_step(exchange.client_first, initial, failed)
+    messages.feed((yield m.authentication(m.AUTH_SASL_CONTINUE, server_first)))
+    body = yield from _password_message(messages)
+    final = _scram_step(exchange.client_final, body, failed)
+    return Authenticated(m.authentication(m.AUTH_SASL_FINAL, final), exchange.client_key,
+                         messages.take_rest())
+
+
+def _scram_step(step: Callable[[bytes], bytes], data: bytes, failed: PoolerError) -> bytes:
+    try:
+        return step(data)
+    except ScramMalformedError as malformed:
+        # Broken grammar is a protocol violation (08P01), as in PostgreSQL.
+        raise errors.ClientProtocolError(str(malformed)) from None
+    except (ValueError, struct.error) as bad_message:  # own name (mypyc)
+        raise errors.ClientProtocolError(str(bad_message)) from None
+    except ScramAuthError:
+        raise failed from None
+
+
+def _password_message(messages: MessageBuffer) -> Generator[bytes, bytes, bytes]:
+    """The body of the client's next PasswordMessage (SASLInitialResponse and SASLResponse
+    share its type byte), waiting for bytes until it is whole."""
+    while True:
+        try:
+            message = next(messages.messages(), None)
+        except MessageTooLarge as too_large:
+            raise errors.ClientProtocolError(
+                f"password packet too long ({too_large.size} bytes, at most "
+                f"{too_large.limit} before login)"
+            ) from None
+        except FramingError as bad_length:  # own name (mypyc)
+            raise errors.ClientProtocolError(str(bad_length)) from None
+        if message is not None:
+            kind, body = message
+            if kind != m.PASSWORD_MESSAGE:
+                raise errors.ClientProtocolError(
+                    f"expected a password message, got {chr(kind)!r}",
+                    errors.INVALID_AUTHORIZATION,
+                )
+            return body
+        data = yield b""
+        messages.feed(data)
+
+
+def _scram_matches(verifier: ScramVerifier, password: str) -> bool:
+    """Whether a cleartext password produces this SCRAM verifier's StoredKey."""
+    candidate = ScramVerifier.from_password(password, verifier.iterations, verifier.salt)
+    return candidate.stored_key == verifier.stored_key

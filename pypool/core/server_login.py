@@ -1,0 +1,134 @@
+"""The pooler logging into PostgreSQL, as an exchange that takes and returns bytes.
+
+`login` is a generator run by `core/exchange.advance` (see there). Its first yield is the
+StartupMessage; then, sent what the server answers, it yields the replies to its
+Authentication requests: a cleartext or md5 password, or SASL SCRAM-SHA-256 with the
+password or, when the pooler holds only a verifier, with the ClientKey a client's own proof
+gave up (auth/scram.py). It collects ParameterStatus and BackendKeyData and returns
+`LoggedIn` at ReadyForQuery.
+
+It raises ServerLoginError, carrying the ErrorResponse to forward to the clients that waited
+for this login, for the server's own ErrorResponse (as the server sent it), for a request it
+has no usable secret for, and for what it cannot follow (08P01). The adapter is
+net/server.py; never here: sockets, the event loop, the pooler's objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+
+from ..auth.md5 import md5_response_from_secret
+from ..auth.scram import MECHANISM, ScramAuthError, ScramClientLogin
+from ..protocol import messages as m
+from ..protocol.framing import MessageBuffer
+
+
+class ServerLoginError(Exception):
+    """The server refused the login; `error` is its ErrorResponse, ready to forward."""
+
+    def __init__(self, text: str, error: bytes) -> None:
+        super().__init__(text)
+        self.error = error
+
+
+@dataclass(frozen=True)
+class LoggedIn:
+    """What the server said about itself during its login."""
+
+    params: dict[str, str]  # ParameterStatus, in the order sent
+    backend_pid: int  # BackendKeyData, for CancelRequests
+    backend_secret: int
+    rest: bytes  # what the server sent after its ReadyForQuery
+
+
+def login(
+    user: str, database: str, startup_params: dict[str, str], *,
+    password: str | None = None, md5_hash: str | None = None,
+    client_key: bytes | None = None, server_key: bytes | None = None,
+) -> Generator[bytes, bytes, LoggedIn]:
+    """Log into `database` as `user` with the secrets there are: `password`, else
+    `md5_hash` for md5, else `client_key` and the verifier's `server_key` for SCRAM."""
+    params = {"user": user, "database": database}
+    params.update(startup_params)
+    messages = MessageBuffer()
+    messages.feed((yield m.startup_message(params)))
+    found: dict[str, str] = {}
+    backend_pid = backend_secret = 0
+    scram: ScramClientLogin | None = None
+    while True:
+        message = next(messages.messages(), None)
+        if message is None:
+            messages.feed((yield b""))
+            continue
+        kind, body = message
+        reply = b""
+        try:
+            if kind == m.AUTHENTICATION:
+                code, payload = m.parse_authentication(body)
+                if code == m.AUTH_SASL:
+                    if MECHANISM not in m.parse_sasl_mechanisms(payload):
+                        raise _no_password(user, "SASL without SCRAM-SHA-256")
+                    if password is not None:
+                        scram = ScramClientLogin(user, password=password)
+                    elif client_key is not None and server_key is not None:
+                        scram = ScramClientLogin(user, client_key=client_key,
+                                                 server_key=server_key)
+                    else:
+                        raise _no_password(user, "SCRAM")
+                    reply = m.sasl_initial_response(MECHANISM, scram.client_first())
+                else:
+                    reply = _answer(code, payload, user, password, md5_hash, scram)
+            elif kind == m.PARAMETER_STATUS:
+                name, value = m.parse_parameter_status(body)
+                found[name] = value
+            elif kind == m.BACKEND_KEY_DATA:
+                backend_pid, backend_secret = m.parse_backend_key_data(body)
+            elif kind == m.ERROR_RESPONSE:
+                fields = m.parse_error_fields(body)
+                raise ServerLoginError(fields.get("M", "server login failed"),
+                                       m.message(kind, body))
+            elif kind == m.READY_FOR_QUERY:
+                return LoggedIn(found, backend_pid, backend_secret, messages.take_rest())
+            elif kind not in (m.NOTICE_RESPONSE, m.NEGOTIATE_PROTOCOL_VERSION):
+                raise ValueError(f"unexpected message {chr(kind)!r} during login")
+        except (ScramAuthError, ValueError, KeyError, IndexError) as bad:
+            text = f"server login failed: {bad}"
+            raise ServerLoginError(text, m.error_response(text, "08P01", "FATAL")) from None
+        if reply:
+            messages.feed((yield reply))
+
+
+def _answer(code: int, payload: bytes, user: str, password: str | None,
+            md5_hash: str | None, scram: ScramClientLogin | None) -> bytes:
+    """The reply to an Authentication request other than AuthenticationSASL (b"" for
+    none: AuthenticationOk, and SASLFinal once it verifies)."""
+    if code == m.AUTH_OK:
+        return b""
+    if code == m.AUTH_CLEARTEXT_PASSWORD:
+        if password is None:
+            raise _no_password(user, "cleartext")
+        return m.password_message(m.cstring(password))
+    if code == m.AUTH_MD5_PASSWORD:
+        secret = password or md5_hash
+        if secret is None:
+            raise _no_password(user, "md5")
+        return m.password_message(m.cstring(md5_response_from_secret(secret, user, payload[:4])))
+    if code == m.AUTH_SASL_CONTINUE:
+        if scram is None:
+            raise ValueError("SASLContinue without SASL")
+        return m.password_message(scram.server_first(payload))
+    if code == m.AUTH_SASL_FINAL:
+        if scram is None:
+            raise ValueError("SASLFinal without SASL")
+        scram.server_final(payload)
+        return b""
+    raise _no_password(user, f"authentication method {code}")
+
+
+def _no_password(user: str, method: str) -> ServerLoginError:
+    text = (
+        f"cannot do {method} authentication to the server for user "
+        f'"{user}": no usable password'
+    )
+    return ServerLoginError(text, m.error_response(text, "08P01", "FATAL"))
