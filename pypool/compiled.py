@@ -51,7 +51,11 @@ HOT_MODULES = (
     "pypool.net.pipeline",
     "pypool.net.client",
     "pypool.net.server",
-    "pypool.net.pooler",
+    "pypool.pooler.objects",
+    "pypool.pooler.linking",
+    "pypool.pooler.cancel",
+    "pypool.pooler.janitor",
+    "pypool.pooler.lifecycle",
 )
 
 ROOT = Path(__file__).resolve().parent.parent  # the folder that holds `pypool/`

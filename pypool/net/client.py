@@ -38,9 +38,9 @@ from ..protocol.startup import CancelRequest
 from .flow_control import ReadingSwitch
 
 if TYPE_CHECKING:
+    from ..pooler import Pooler
     from ..pooling.pool import Pool
     from .hooks import ConsoleSession
-    from .pooler import Pooler
     from .server import ServerConnection
 
 log = logging.getLogger("pypool.client")

@@ -31,9 +31,9 @@ from ..protocol import messages as m
 from .flow_control import ReadingSwitch
 
 if TYPE_CHECKING:
+    from ..pooler import Pooler, ServerCredentials
     from ..pooling.pool import Pool
     from .client import ClientConnection
-    from .pooler import Pooler, ServerCredentials
 
 log = logging.getLogger("pypool.server")
 
