@@ -345,7 +345,7 @@ class Pooler:
 
     async def _auth_query(self, client: ClientConnection, entry: DatabaseEntry,
                           auth_user: str) -> None:
-        from .auth_query import run_auth_query
+        from ..net.auth_query import run_auth_query
 
         secret = None
         try:
