@@ -67,9 +67,6 @@ TLS_KEYS: dict[str, frozenset[str]] = {
 }
 
 # [pgbouncer] keys with a field but no effect yet, and why: only their default is accepted.
-# (server_check_query, server_check_delay, server_reset_query_always, connect_query,
-# application_name_add_host, shutdown_timeout, query_wait_notify and transaction_timeout
-# are being made to work in net/pooler.py, so they are accepted.)
 NOT_YET_IMPLEMENTED: dict[str, str] = {
     "pkt_buf": "pypool sizes its buffers itself",
 }

@@ -80,7 +80,7 @@ class ClientSide(Protocol):
 
 
 class PoolerState(Protocol):
-    """The running pooler, as far as the view reads it (net/pooler.py's Pooler is one)."""
+    """The running pooler, as far as the view reads it (pooler/objects.py's Pooler is one)."""
 
     @property
     def settings(self) -> Settings: ...

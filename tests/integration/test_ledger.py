@@ -274,7 +274,7 @@ async def test_a_late_cancel_never_hits_the_next_client_in_line(
         await y.close()
     if depth == "0":
         assert hit_x, "no cancel landed at all: the sweep missed the end of X's statement"
-    # With pipelining, X's cancel is dropped while Y is queued behind it (net/pooler.py
+    # With pipelining, X's cancel is dropped while Y is queued behind it (pooler/cancel.py
     # forward_cancel): it may not land at all, and must never land on Y.
     assert hit_y == [], f"Y cancelled by X's cancel sent at {hit_y} s"
 
