@@ -182,9 +182,17 @@ class Pooler:
         if max_user:
             room_user = max_user - self.servers_per_user.get(pool.user, 0)
         oldest = pool.waiting[0].wait_start if pool.waiting else None
-        wanted = pool.servers_wanted(now, oldest, room_db, room_user)
+        lined = 0
+        if cfg.pipeline_depth:
+            # Clients queued on busy servers' lines wait as much as those in the queue.
+            for busy in pool.active:
+                for client in busy.chain:
+                    lined += 1
+                    if oldest is None or client.wait_start < oldest:
+                        oldest = client.wait_start
+        wanted = pool.servers_wanted(now, oldest, room_db, room_user, lined)
         if not wanted and min(room_db, room_user) <= 0 and pool.servers_wanted(
-            now, oldest, 1 << 30, 1 << 30
+            now, oldest, 1 << 30, 1 << 30, lined
         ):
             # Only max_db_connections / max_user_connections stand in the way: as PgBouncer
             # (evict_connection), close another pool's idle server to make room, or an idle

@@ -142,14 +142,16 @@ class Pool:
             pass
 
     def servers_wanted(
-        self, now: float, oldest_wait_start: float | None, room_db: int, room_user: int
+        self, now: float, oldest_wait_start: float | None, room_db: int, room_user: int,
+        lined: int = 0,
     ) -> int:
         """How many new servers to open now.
 
         Enough for the waiting clients not already covered by logins in progress, and for
         min_pool_size, within pool_size (or pool_size + reserve_pool_size when the oldest
         waiter has waited reserve_pool_timeout) and the room left under max_db_connections
-        and max_user_connections.
+        and max_user_connections. `lined` clients are queued on busy servers behind others
+        (pipelining): they wait too, and count as waiting for the reserve pool.
         """
         limits = self.limits
         cap = limits.pool_size
@@ -159,7 +161,7 @@ class Pool:
             and now - oldest_wait_start >= limits.reserve_pool_timeout
         ):
             cap += limits.reserve_pool_size
-        need = len(self.waiting) - len(self.login)
+        need = len(self.waiting) + lined - len(self.login)
         if self.awaiting_params and self.server_params is None and not self.login:
             need = max(need, 1)
         need = max(need, limits.min_pool_size - self.server_count)

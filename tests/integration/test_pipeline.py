@@ -649,3 +649,28 @@ async def test_deferred_requests_go_out_in_one_write_and_nothing_overtakes_them(
     server.send_soon(b"last")
     server.close("client gone")
     assert transport.writes[-1] == b"last" and transport.closed
+
+
+@pytest.mark.timeout(30)
+def test_clients_queued_on_a_line_count_as_waiting_for_the_reserve_pool(
+    pooler, postgres
+) -> None:
+    """B is written behind A's 3 s query on the only server, so it is not in the pool's
+    queue; it waits all the same, and after reserve_pool_timeout the reserve pool opens a
+    server (before, nobody counted as waiting and it never opened)."""
+    s = start(pooler, pool_size=1, reserve_pool_size="1", reserve_pool_timeout="0.5")
+    holder = Client(s)
+    pid, (a, b) = sleepy_line(s, holder, ("3", "1"), ("0", "2"))
+    assert s.metric(PIPELINED) == 1
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        rows = postgres.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' AND datname = 'app'",
+            dbname="postgres")
+        if int(rows[0][0]) >= 2:
+            break
+        time.sleep(0.1)
+    assert int(rows[0][0]) == 2, "no reserve server opened for the client queued on the line"
+    for client, value in ((a, "1"), (b, "2")):
+        got = client.reply()
+        assert (got.rows, got.error, got.status) == ([(value,)], None, "I")
