@@ -47,7 +47,8 @@ def parse_auth_file(text: str) -> dict[str, str]:
 
 
 def load_auth_file(path: str) -> dict[str, str]:
-    return parse_auth_file(Path(path).read_text())
+    """The users of an auth_file. Raises OSError, or UnicodeDecodeError if it is not UTF-8."""
+    return parse_auth_file(Path(path).read_text(encoding="utf-8"))
 
 
 def format_auth_file(users: dict[str, str]) -> str:

@@ -102,13 +102,21 @@ class Pooler:
         self.load_auth()
 
     def load_auth(self) -> None:
+        """(Re)read the auth_file. One that cannot be read keeps the users known so far
+        (a reload must not lock everyone out because of a bad save)."""
         known = dict(self.settings.inline_users)
         path = self.settings.pooler.auth_file
         if path:
             try:
                 known.update(load_auth_file(path))
             except OSError as exc:
-                log.error("auth_file %s: cannot read: %s", path, exc.strerror)
+                log.error("auth_file %s: cannot read: %s; keeping the users known so far",
+                          path, exc.strerror)
+                return
+            except UnicodeDecodeError as bad:  # own name: mypyc types a name by its first except
+                log.error("auth_file %s: not UTF-8 (byte %d); keeping the users known so far",
+                          path, bad.start)
+                return
         self.auth_secrets = known
 
     # --- pools and servers ----------------------------------------------------------------

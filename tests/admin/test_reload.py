@@ -131,3 +131,25 @@ def test_changed_database_gets_new_servers_after_release(
         wait_until(lambda: postgres.execute(
             "SELECT 1 FROM pg_stat_activity WHERE pid = %s", params=old_pid) == [])
         assert all(s["close_needed"] == 0 for s in show(admin, "SERVERS"))
+
+
+def test_an_auth_file_that_cannot_be_read_keeps_the_users(
+    operated_pooler: Callable[..., Pooler],
+) -> None:
+    """A reload of an auth_file saved in Latin-1 (not UTF-8), then of one that is gone: each
+    is logged, and the users known so far can still log in (before, the first escaped as an
+    exception and the second emptied the user list, locking everyone out)."""
+    p = operated_pooler()
+    with app(p) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    good = p.userlist_path.read_bytes()
+    p.userlist_path.write_bytes(good + b'"caf\xe9" "secret"\n')
+    p.reload()
+    wait_until(lambda: "not UTF-8" in p.log())
+    with app(p) as conn:
+        assert conn.execute("SELECT 2").fetchone() == (2,)
+    p.userlist_path.unlink()
+    p.reload()
+    wait_until(lambda: "keeping the users known so far" in p.log().split("not UTF-8", 1)[1])
+    with app(p) as conn:
+        assert conn.execute("SELECT 3").fetchone() == (3,)
