@@ -23,7 +23,8 @@ Server states:
 
 from __future__ import annotations
 
-from enum import Enum, IntEnum
+from enum import Enum
+from typing import Final
 
 
 class IllegalTransition(Exception):
@@ -40,14 +41,19 @@ class ClientState(Enum):
     CLOSED = "closed"
 
 
-class ClientEvent(IntEnum):
-    AUTH_REQUESTED = 0  # the pooler asked for a password
-    AUTHENTICATED = 1  # the password checked out (or none was needed)
-    WELCOMED = 2  # AuthenticationOk ... ReadyForQuery sent
-    QUEUED = 3  # needs a server and none is free
-    LINKED = 4  # given a server (or a place in a server's line)
-    RELEASED = 5  # its transaction is over; the server went back (or its check failed)
-    CLOSED = 6  # the connection is gone, for whatever reason
+class ClientEvent:
+    """What can happen to a client. Plain numbered constants, not an Enum: a transition
+    runs several times per transaction, and compiled, a Final int costs nothing to read."""
+
+    AUTH_REQUESTED: Final = 0  # the pooler asked for a password
+    AUTHENTICATED: Final = 1  # the password checked out (or none was needed)
+    WELCOMED: Final = 2  # AuthenticationOk ... ReadyForQuery sent
+    QUEUED: Final = 3  # needs a server and none is free
+    LINKED: Final = 4  # given a server (or a place in a server's line)
+    RELEASED: Final = 5  # its transaction is over; the server went back (or its check failed)
+    CLOSED: Final = 6  # the connection is gone, for whatever reason
+    NAMES: Final = ("AUTH_REQUESTED", "AUTHENTICATED", "WELCOMED", "QUEUED", "LINKED",
+                    "RELEASED", "CLOSED")
 
 
 class ServerState(Enum):
@@ -58,14 +64,17 @@ class ServerState(Enum):
     CLOSED = "closed"
 
 
-class ServerEvent(IntEnum):
-    CONNECTED = 0  # TCP is up, the StartupMessage goes out
-    FREED = 1  # logged in, or its client let it go
-    LINKED = 2  # handed to a client
-    CLOSED = 3  # the connection is gone
+class ServerEvent:
+    """What can happen to a server connection (numbered, as ClientEvent)."""
+
+    CONNECTED: Final = 0  # TCP is up, the StartupMessage goes out
+    FREED: Final = 1  # logged in, or its client let it go
+    LINKED: Final = 2  # handed to a client
+    CLOSED: Final = 3  # the connection is gone
+    NAMES: Final = ("CONNECTED", "FREED", "LINKED", "CLOSED")
 
 
-CLIENT_TRANSITIONS: dict[tuple[ClientState, ClientEvent], ClientState] = {
+CLIENT_TRANSITIONS: dict[tuple[ClientState, int], ClientState] = {
     (ClientState.STARTUP, ClientEvent.AUTH_REQUESTED): ClientState.AUTH,
     (ClientState.STARTUP, ClientEvent.AUTHENTICATED): ClientState.WELCOME,  # trust
     (ClientState.AUTH, ClientEvent.AUTHENTICATED): ClientState.WELCOME,
@@ -78,7 +87,7 @@ CLIENT_TRANSITIONS: dict[tuple[ClientState, ClientEvent], ClientState] = {
        for state in ClientState if state is not ClientState.CLOSED},
 }
 
-SERVER_TRANSITIONS: dict[tuple[ServerState, ServerEvent], ServerState] = {
+SERVER_TRANSITIONS: dict[tuple[ServerState, int], ServerState] = {
     (ServerState.CONNECTING, ServerEvent.CONNECTED): ServerState.LOGIN,
     (ServerState.LOGIN, ServerEvent.FREED): ServerState.IDLE,
     (ServerState.IDLE, ServerEvent.LINKED): ServerState.ACTIVE,
@@ -88,27 +97,30 @@ SERVER_TRANSITIONS: dict[tuple[ServerState, ServerEvent], ServerState] = {
 }
 
 
-def _index(table: dict, states: type[Enum], events: type[IntEnum]) -> None:
+def _index(table: dict, states: type[Enum], events: int) -> None:
     """The same table as a tuple on each state, indexed by event (None: not allowed).
     Transitions run several times per transaction, and a tuple index off an attribute is
     the cheapest lookup there is, compiled or not; the dict above stays the definition."""
     for state in states:
-        state.after = tuple(table.get((state, event)) for event in events)  # type: ignore[attr-defined]
+        state.after = tuple(  # type: ignore[attr-defined]
+            table.get((state, event)) for event in range(events))
 
 
-_index(CLIENT_TRANSITIONS, ClientState, ClientEvent)
-_index(SERVER_TRANSITIONS, ServerState, ServerEvent)
+_index(CLIENT_TRANSITIONS, ClientState, len(ClientEvent.NAMES))
+_index(SERVER_TRANSITIONS, ServerState, len(ServerEvent.NAMES))
 
 
-def client_transition(state: ClientState, event: ClientEvent) -> ClientState:
+def client_transition(state: ClientState, event: int) -> ClientState:
     target: ClientState | None = state.after[event]  # type: ignore[attr-defined]
     if target is None:
-        raise IllegalTransition(f"client: no transition from {state.name} on {event.name}")
+        raise IllegalTransition(
+            f"client: no transition from {state.name} on {ClientEvent.NAMES[event]}")
     return target
 
 
-def server_transition(state: ServerState, event: ServerEvent) -> ServerState:
+def server_transition(state: ServerState, event: int) -> ServerState:
     target: ServerState | None = state.after[event]  # type: ignore[attr-defined]
     if target is None:
-        raise IllegalTransition(f"server: no transition from {state.name} on {event.name}")
+        raise IllegalTransition(
+            f"server: no transition from {state.name} on {ServerEvent.NAMES[event]}")
     return target

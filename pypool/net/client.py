@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pwd
 import socket
+import struct
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Final
 
@@ -56,7 +58,13 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self.pooler = pooler
         self.state = ClientState.STARTUP
         self.transport: asyncio.Transport | None = None
-        self.peer = ("", 0)
+        self.peer = ("", 0)  # ("unix", listen_port) on the unix socket, as PgBouncer shows it
+        # On the unix socket: the peer process's uid (SO_PEERCRED), for `auth_type = peer` and
+        # the console's `pgbouncer` login; None over TCP.
+        self.peer_uid: int | None = None
+        # Logged into the console as user `pgbouncer` by the pooler's own OS user over the
+        # unix socket (PgBouncer's own_user): an admin without a password.
+        self.own_user = False
         self.user = ""
         self.database = ""
         self.pool: Pool | None = None
@@ -105,7 +113,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
     def __repr__(self) -> str:
         return f"C-{self.id}:{self.database}/{self.user}@{self.peer[0]}:{self.peer[1]}"
 
-    def on(self, event: ClientEvent) -> None:
+    def on(self, event: int) -> None:
         """Move to the state the table (core/states.py) gives for `event`."""
         self.state = client_transition(self.state, event)
         self.state_since = self.pooler.now()
@@ -123,6 +131,14 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+        elif sock is not None and sock.family == socket.AF_UNIX:
+            self.peer = ("unix", self.pooler.settings.pooler.listen_port)
+            try:
+                creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                        struct.calcsize("3i"))
+                self.peer_uid = int(struct.unpack("3i", creds)[1])  # pid, uid, gid
+            except OSError as exc:
+                log.warning("%r: unix peer uid failed: %s", self, exc)
         self.pooler.client_connected(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -219,6 +235,9 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         """
         if auth_type in ("trust", "any"):
             self.authenticated(None)
+        elif auth_type == "peer":
+            client_login.check_peer(self.user, secret, self._peer_os_user())
+            self.authenticated(None)
         else:
             self.on(ClientEvent.AUTH_REQUESTED)
             self._auth = client_login.password_exchange(self.user, secret, auth_type,
@@ -230,6 +249,15 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             rest = bytes(self._startup_buffer)
             self._startup_buffer.clear()
             self.data_received(rest)
+
+    def _peer_os_user(self) -> str | None:
+        """The name of the OS user at the other end of the unix socket; None over TCP."""
+        if self.peer_uid is None:
+            return None
+        try:
+            return pwd.getpwuid(self.peer_uid).pw_name
+        except KeyError:
+            return None
 
     def _auth_data(self, data: bytes) -> None:
         exchange = self._auth

@@ -118,7 +118,7 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
 
     # --- state ----------------------------------------------------------------------------
 
-    def on(self, event: ServerEvent) -> None:
+    def on(self, event: int) -> None:
         """Move to the state the table (core/states.py) gives for `event`."""
         self.state = server_transition(self.state, event)
 

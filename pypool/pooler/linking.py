@@ -85,7 +85,8 @@ def link(pooler: Pooler, client: ClientConnection, server: ServerConnection) -> 
     client.link_time = now
     server.request_time = now
     pool.stats.server_assignment_count += 1
-    carry_back_pressure(client, server)
+    if client.writing_paused or server.writing_paused:
+        carry_back_pressure(client, server)
     if check or not covers(server.params, client.params):
         # What the client sent waits for the check's and the SET's replies
         # (parameters_applied, check_failed, parameters_failed).
@@ -211,7 +212,8 @@ def server_available(pooler: Pooler, server: ServerConnection) -> None:
     if server.cancels_in_flight:
         pool.park_canceled(server)  # _send_cancel brings it back
         return
-    pool.being_canceled.discard(server)
+    if pool.being_canceled:
+        pool.being_canceled.discard(server)
     now = pooler.now()
     lifetime = pooler.settings.pooler.server_lifetime
     if pool.paused or pool.close_needed or pool.removed or (
