@@ -14,6 +14,7 @@ import logging.handlers
 import os
 import signal
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
@@ -22,6 +23,7 @@ from .settings import Settings, SettingsError, from_url, load_ini, worker_share
 
 if TYPE_CHECKING:
     from .net.client import ClientConnection
+    from .net.unix_socket import UnixSocket
     from .pooler import Pooler
 
 log = logging.getLogger("pypool")
@@ -94,12 +96,18 @@ def build_pooler(settings: Settings) -> Pooler:
     return pooler
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: Settings, unix: UnixSocket | None = None) -> None:
+    """Run one pooler until it exits. `unix`: the unix socket a `workers` parent claimed."""
     pooler = build_pooler(settings)
-    await pooler.start()
-    pooler.install_signals()
-    await pooler.stopped
-    await asyncio.sleep(0.05)  # let the closing transports flush
+    pooler.unix_socket = unix
+    try:
+        await pooler.start()
+        pooler.install_signals()
+        await pooler.stopped
+        await asyncio.sleep(0.05)  # let the closing transports flush
+    finally:
+        if pooler.unix_socket is not None:  # also after a failed start or a crash
+            pooler.unix_socket.remove()
 
 
 def run(settings: Settings) -> None:
@@ -119,7 +127,28 @@ def run_workers(share: Settings, workers: int) -> None:
     spreads new connections between them. The parent forwards signals and waits. As with
     PgBouncer's so_reuseport, a CancelRequest may reach a worker that does not know its key:
     it is then dropped, so cancels are best-effort with several workers.
+
+    A unix socket path can have one owner only. PgBouncer's so_reuseport answer is one
+    unix_socket_dir per process, from one ini each; here one ini runs them all, so the
+    parent claims the socket (and its lock, with its pid) before forking, every worker
+    accepts on that one socket as on the shared TCP port, and the parent removes it at the
+    end.
     """
+    from .net.unix_socket import open_unix_socket
+
+    cfg = share.pooler
+    unix = None
+    if cfg.unix_socket_dir:
+        unix = open_unix_socket(cfg.unix_socket_dir, cfg.listen_port, cfg.unix_socket_mode,
+                                cfg.unix_socket_group)
+    try:
+        _fork_workers(share, workers, unix)
+    finally:
+        if unix is not None:
+            unix.remove()
+
+
+def _fork_workers(share: Settings, workers: int, unix: UnixSocket | None) -> None:
     import uvloop
 
     children: list[int] = []
@@ -129,7 +158,7 @@ def run_workers(share: Settings, workers: int) -> None:
             code = 0
             try:
                 log.info("worker %d of %d started", index + 1, workers)
-                uvloop.run(serve(share))
+                uvloop.run(serve(share, unix))
             except BaseException:  # noqa: BLE001 - a worker reports and exits, never returns
                 log.exception("worker %d failed", index + 1)
                 code = 1
@@ -171,12 +200,11 @@ def main(argv: list[str] | None = None) -> int:
 
             embedded = EmbeddedPostgres(basedir=args.embedded_dir).start()
             settings = from_url(embedded.dsn("postgres"))
+            # The socket lives and goes with the throwaway cluster, not in /tmp.
+            settings = replace(settings, pooler=replace(settings.pooler,
+                                                        unix_socket_dir=embedded.basedir))
         if args.port:
-            import dataclasses
-
-            settings = dataclasses.replace(
-                settings, pooler=dataclasses.replace(settings.pooler, listen_port=args.port)
-            )
+            settings = replace(settings, pooler=replace(settings.pooler, listen_port=args.port))
     except SettingsError as exc:
         print(f"pypool: {exc}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ Every value, from the ini, a RELOAD or the console's SET, goes through one parse
 Errors name the file, the line and the key.
 
 An unknown key is a warning, never a crash, and PgBouncer keys that change nothing in pypool's
-place (DNS, syslog, unix sockets, ...) are accepted quietly. Keys whose being ignored would
+place (DNS, syslog, ...) are accepted quietly. Keys whose being ignored would
 mislead the operator are refused unless set to the value that leaves them off: TLS (plaintext
 where verify-full was asked for is a security hole) and the few `NOT_YET_IMPLEMENTED` keys.
 """
@@ -25,14 +25,14 @@ from urllib.parse import unquote, urlsplit
 log = logging.getLogger("pypool.settings")
 
 POOL_MODES = ("session", "transaction", "statement")
-AUTH_TYPES = ("scram-sha-256", "md5", "plain", "trust", "any")
+AUTH_TYPES = ("scram-sha-256", "md5", "plain", "trust", "any", "peer")
 # PgBouncer's auth types that pypool refuses: they need an hba file or client certificates.
 UNSUPPORTED_AUTH_TYPES = ("hba", "cert")
 
 # The keys PgBouncer accepts that pypool parses but does not act on, accepted quietly.
 ACCEPTED_UNUSED_KEYS = frozenset(
     """
-    user unix_socket_dir unix_socket_mode unix_socket_group auth_hba_file auth_ident_file
+    user auth_hba_file auth_ident_file
     auth_dbname syslog syslog_ident syslog_facility listen_backlog sbuf_loopcnt
     suspend_timeout tcp_defer_accept tcp_socket_buffer tcp_keepalive tcp_keepcnt
     tcp_keepidle tcp_keepintvl tcp_user_timeout dns_max_ttl dns_nxdomain_ttl dns_zone_check_period
@@ -82,6 +82,7 @@ BOUNDS: dict[str, tuple[int, int]] = {
     "workers": (1, 1024),
     "max_packet_size": (1024, MAX_INT),
     "pkt_buf": (512, MAX_INT),
+    "unix_socket_mode": (0, 0o7777),
 }
 
 
@@ -97,6 +98,19 @@ def parse_int(text: str) -> int:
     if not re.fullmatch(r"\s*[-+]?[0-9]+\s*", text):
         raise ValueError(f"not an integer: {text!r}")
     return int(text)
+
+
+def parse_mode(text: str) -> int:
+    """A file mode as PgBouncer reads one (C's strtol, base 0): `0777` is octal, `0x1ff`
+    hexadecimal, `511` decimal."""
+    stripped = text.strip()
+    if re.fullmatch(r"0[0-7]*", stripped):
+        return int(stripped, 8)
+    if re.fullmatch(r"0[xX][0-9a-fA-F]+", stripped):
+        return int(stripped, 16)
+    if re.fullmatch(r"[1-9][0-9]*", stripped):
+        return int(stripped)
+    raise ValueError(f"not a file mode: {text!r} (write it in octal, as 0777)")
 
 
 def parse_duration(text: str) -> float:
@@ -130,6 +144,11 @@ class PoolerSettings:
 
     listen_addr: str = "127.0.0.1"
     listen_port: int = 6432
+    # `<unix_socket_dir>/.s.PGSQL.<listen_port>` and its `.lock` (net/unix_socket.py);
+    # empty: no unix socket. The mode is written in octal, as PgBouncer reads it.
+    unix_socket_dir: str = "/tmp"
+    unix_socket_mode: int = 0o777
+    unix_socket_group: str = ""
     pool_mode: str = "session"
     default_pool_size: int = 20
     min_pool_size: int = 0
@@ -188,7 +207,8 @@ class PoolerSettings:
 # a reload keeps their old values and says so, and SET refuses them.
 RESTART_ONLY_KEYS = frozenset(
     {"listen_addr", "listen_port", "pidfile", "logfile", "pkt_buf", "so_reuseport", "workers",
-     "track_extra_parameters", "metrics_addr", "metrics_port"}
+     "track_extra_parameters", "metrics_addr", "metrics_port", "unix_socket_dir",
+     "unix_socket_mode", "unix_socket_group"}
 )
 
 
@@ -324,7 +344,9 @@ def parse_value(key: str, text: str) -> object:
     field_type = str(_FIELDS[key].type)
     text = text.strip()
     value: object
-    if field_type == "int":
+    if key == "unix_socket_mode":
+        value = parse_mode(text)
+    elif field_type == "int":
         value = parse_int(text)
     elif field_type == "float":
         value = parse_duration(text)

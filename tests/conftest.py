@@ -261,7 +261,8 @@ def pooler(postgres: EmbeddedPostgres, tmp_path: Path) -> Iterator[PoolerFactory
 
     `ini_overrides` merge into `[pgbouncer]` (a value of None drops a default key);
     `databases` and `userlist` replace the defaults when given. Each pooler gets its
-    own folder `tmp_path/pooler-<n>/` with pgbouncer.ini, userlist.txt and pypool.log.
+    own folder `tmp_path/pooler-<n>/` with pgbouncer.ini, userlist.txt and pypool.log, and
+    its unix socket `.s.PGSQL.<port>` (unix_socket_dir).
     Every pooler started is stopped at teardown.
     """
     started: list[Pooler] = []
@@ -288,6 +289,8 @@ def pooler(postgres: EmbeddedPostgres, tmp_path: Path) -> Iterator[PoolerFactory
             "default_pool_size": "5",
             "max_client_conn": "500",
             "admin_users": ADMIN_USER,
+            # its own folder, not /tmp: poolers on random ports would leave sockets there
+            "unix_socket_dir": str(workdir),
         }
         ini_path = workdir / "pgbouncer.ini"
         log_path = workdir / "pypool.log"

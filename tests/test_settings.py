@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pypool.settings import (
+    ACCEPTED_UNUSED_KEYS,
     NOT_YET_IMPLEMENTED,
     RESTART_ONLY_KEYS,
     TLS_KEYS,
@@ -24,6 +25,7 @@ from pypool.settings import (
     parse_bool,
     parse_connstring,
     parse_duration,
+    parse_value,
     replace_setting,
 )
 
@@ -175,7 +177,7 @@ def test_pgbouncer_keys_pypool_does_not_act_on_are_quiet(
 ) -> None:
     # TLS keys too, with the values that leave TLS off (PgBouncer's defaults).
     text = (
-        "[pgbouncer]\nunix_socket_dir = /tmp\nclient_tls_sslmode = disable\n"
+        "[pgbouncer]\nauth_hba_file =\nclient_tls_sslmode = disable\n"
         "tcp_keepalive = 1\nserver_tls_sslmode = disable\ndns_max_ttl = 15\n"
         "client_tls_protocols = secure\nserver_tls_ciphers = default\nclient_tls_key_file =\n"
         "client_tls_ecdhcurve = auto\npkt_buf = 4096\n"
@@ -183,6 +185,25 @@ def test_pgbouncer_keys_pypool_does_not_act_on_are_quiet(
     with caplog.at_level(logging.WARNING, logger="pypool.settings"):
         load_ini(write_ini(tmp_path, text))
     assert caplog.text == ""
+
+
+def test_unix_socket_keys(tmp_path: Path) -> None:
+    defaults = PoolerSettings()
+    assert (defaults.unix_socket_dir, defaults.unix_socket_mode, defaults.unix_socket_group) \
+        == ("/tmp", 0o777, "")
+    path = write_ini(tmp_path, "[pgbouncer]\nunix_socket_dir =\nunix_socket_mode = 0700\n"
+                     "unix_socket_group = postgres\nauth_type = peer\n")
+    cfg = load_ini(path).pooler
+    assert (cfg.unix_socket_dir, cfg.unix_socket_mode, cfg.unix_socket_group, cfg.auth_type) \
+        == ("", 0o700, "postgres", "peer")
+    # As PgBouncer's strtol(base 0): a leading 0 is octal, 0x hexadecimal, else decimal.
+    assert [parse_value("unix_socket_mode", t) for t in ("0777", "0", "0x1ff", "511")] \
+        == [0o777, 0, 0o777, 511]
+    for bad in ("0789", "rwx", "-1", "010000"):
+        with pytest.raises(ValueError):
+            parse_value("unix_socket_mode", bad)
+    for key in ("unix_socket_dir", "unix_socket_mode", "unix_socket_group"):
+        assert key in RESTART_ONLY_KEYS and key not in ACCEPTED_UNUSED_KEYS
 
 
 def test_keys_are_case_insensitive(tmp_path: Path) -> None:

@@ -1,11 +1,12 @@
 """The admin console session: simple queries on the virtual database `pgbouncer` (or `pypool`).
 
-`open_console` runs after authentication: users in admin_users may run everything, users in
-stats_users only SHOW, anyone else is turned away with PgBouncer's FATAL "not allowed". Each
-Query is parsed as PgBouncer's admin.c parses it (`CMD [arg]` or `SET key = value`, words
-case-insensitive, "double quotes" for names), dispatched to show.py or commands.py, and
-answered in order: while a PAUSE or WAIT_CLOSE waits, later queries queue behind it. A refused
-command is a non-fatal ERROR 08P01 and the session carries on.
+`open_console` runs after authentication: users in admin_users (and `pgbouncer` from the
+pooler's own OS user over the unix socket) may run everything, users in stats_users only
+SHOW, anyone else is turned away with PgBouncer's FATAL "not allowed". Each Query is parsed
+as PgBouncer's admin.c parses it (`CMD [arg]` or `SET key = value`, words case-insensitive,
+"double quotes" for names), dispatched to show.py or commands.py, and answered in order:
+while a PAUSE or WAIT_CLOSE waits, later queries queue behind it. A refused command is a
+non-fatal ERROR 08P01 and the session carries on.
 
 This module owns the conversation, not the pooler's state: it never changes a pool itself.
 """
@@ -63,6 +64,8 @@ class ConsoleClient(Protocol):
 
     @property
     def user(self) -> str: ...
+    @property
+    def own_user(self) -> bool: ...
     @property
     def state(self) -> StateName: ...
     @property
@@ -194,7 +197,8 @@ def open_console(view: PoolerView, pooler: PoolerControl, client: ConsoleClient)
     SHOWs read `view`; commands drive `pooler`. cli.py's build_pooler binds both, once, into
     the pooler's open_console hook."""
     cfg = view.settings.pooler
-    is_admin = client.user in cfg.admin_users
+    # own_user: `pgbouncer` from the pooler's own OS user over the unix socket (admin_pre_login)
+    is_admin = client.own_user or client.user in cfg.admin_users
     if not is_admin and client.user not in cfg.stats_users:
         raise PoolerError("not allowed")
     client.admin = AdminSession(view, pooler, client, is_admin)

@@ -11,7 +11,9 @@ auth_query lookup, the pool, the welcome) the adapter, net/client.py, asks the p
    parameters `login_names` and `tracked_parameters` then read.
 2. Until the pooler asks for a password (auth_query may be looking the user up), what the
    client sends is held, bounded: `check_held`.
-3. `password_exchange`: given the user's secret (None: an unknown user) and auth_type, it
+3. `check_peer`, for `auth_type = peer` instead of a password: the OS user at the other end
+   of the unix socket must be the user logging in.
+4. `password_exchange`: given the user's secret (None: an unknown user) and auth_type, it
    asks for a cleartext, md5 or SCRAM-SHA-256 password and checks it. It returns
    `Authenticated`, with the SCRAM ClientKey that logs into servers as this user, or raises
    a PoolerError: 28P01 for a wrong password, and for an unknown user after a full mock
@@ -148,7 +150,21 @@ def check_held(held: bytes | bytearray) -> None:
         )
 
 
-# --- 3. the password -----------------------------------------------------------------------
+# --- 3. peer: no password, the OS user on the unix socket -----------------------------------
+
+
+def check_peer(user: str, secret: str | None, peer_os_user: str | None) -> None:
+    """`auth_type = peer`, as PgBouncer's login_as_unix_peer: `user` is in if the OS user at
+    the other end of the unix socket (`peer_os_user`, the name of its SO_PEERCRED uid; None
+    over TCP or for a uid with no name) has that name, and the pooler knows `user` (`secret`
+    not None: auth_file or auth_query, whose password then logs into servers). Else a
+    PoolerError with PgBouncer's text."""
+    if secret is None or peer_os_user is None or peer_os_user != user:
+        raise PoolerError("unix socket login rejected", errors.INVALID_AUTHORIZATION,
+                          side=errors.Side.CLIENT)
+
+
+# --- 4. the password -----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -384,6 +384,8 @@ def _client(client: ClientSide, database: str, now: float, wall: float) -> Clien
     name = client.state.name
     wait_us = int(max(0.0, now - client.wait_start) * 1e6) if name == _QUEUED else 0
     local_addr, local_port = _sockname(client.transport)
+    if client.peer[0] == "unix":  # as PgBouncer: both ends are "unix" and the listen port
+        local_addr, local_port = client.peer
     return ClientInfo(
         id=client.id, user=client.user, database=database,
         state="waiting" if name in _WAITING_STATES else "active",

@@ -1,9 +1,9 @@
 """The pooler's life as the operator steers it: start, reload, pause, reconnect, stop.
 
-`start` opens the metrics endpoint and the listeners, starts the janitor and the stats
-period, opens the min_pool_size servers and writes the pidfile. `reread` and
-`apply_settings` switch to a new configuration (RELOAD, SIGHUP, SET) without dropping
-anyone; `pause_all`, `set_paused` and `tag_dirty` are PAUSE, RESUME and RECONNECT;
+`start` claims the unix socket, opens the metrics endpoint and the TCP listeners, starts the
+janitor and the stats period, opens the min_pool_size servers and writes the pidfile.
+`reread` and `apply_settings` switch to a new configuration (RELOAD, SIGHUP, SET) without
+dropping anyone; `pause_all`, `set_paused` and `tag_dirty` are PAUSE, RESUME and RECONNECT;
 `shutdown` drains transactions (SIGINT) or clients (SIGTERM) before `exit_now`.
 `install_signals` maps the signals onto these, as PgBouncer's.
 
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from .. import compiled
 from ..net.client import ClientConnection
+from ..net.unix_socket import open_unix_socket
 from ..protocol import errors
 from ..protocol.errors import PoolerError
 from ..settings import RESTART_ONLY_KEYS, SettingsError, load_ini, worker_share
@@ -39,6 +40,16 @@ log = logging.getLogger("pypool")
 
 async def start(pooler: Pooler) -> None:
     cfg = pooler.settings.pooler
+    if cfg.unix_socket_dir:
+        # First, as PgBouncer checks: a pooler already serving this port's socket stops us
+        # before anything is bound. With workers = N the parent has claimed it and each
+        # worker serves the same socket (cli.run_workers).
+        if pooler.unix_socket is None:
+            pooler.unix_socket = open_unix_socket(cfg.unix_socket_dir, cfg.listen_port,
+                                                  cfg.unix_socket_mode, cfg.unix_socket_group)
+        pooler.unix_listener = await pooler.loop.create_unix_server(
+            lambda: ClientConnection(pooler), sock=pooler.unix_socket.sock, backlog=2048
+        )
     if cfg.metrics_port and pooler.serve_metrics is not None:  # first: up before clients
         pooler.metrics_servers = await pooler.serve_metrics(
             cfg.metrics_addr or cfg.listen_addr, cfg.metrics_port
@@ -60,6 +71,8 @@ async def start(pooler: Pooler) -> None:
         pooler.listeners.append(server)
     log.info("listening on %s:%d; hot path: %s", cfg.listen_addr, cfg.listen_port,
              compiled.status)
+    if pooler.unix_socket is not None:
+        log.info("listening on unix socket %s", pooler.unix_socket.path)
     pooler.janitor_task = pooler.loop.create_task(janitor.run_janitor(pooler))
     pooler.spawn(janitor.run_stats_period(pooler))
     for pool_key in _min_pool_keys(pooler):
@@ -149,6 +162,8 @@ def shutdown(pooler: Pooler, how: str) -> None:
     log.info("%s: shutting down once %s finish", how,
              "transactions" if how == "SIGINT" else "clients")
     pooler.shutting_down = how
+    # The TCP listeners close; the unix socket stays until the exit, as PgBouncer keeps it:
+    # a client there is told the pooler is shutting down rather than refused.
     for listener in pooler.listeners:
         listener.close()
     if pooler.settings.pooler.shutdown_timeout:
@@ -169,7 +184,8 @@ def maybe_exit(pooler: Pooler) -> None:
 
 
 def exit_now(pooler: Pooler) -> None:
-    """Close every connection and listener, remove the pidfile, let `stopped` resolve."""
+    """Close every connection and listener, remove the pidfile and the unix socket, let
+    `stopped` resolve."""
     for client in list(pooler.clients):
         client.close("pooler exit")
     for pool in pooler.pools.values():
@@ -177,6 +193,10 @@ def exit_now(pooler: Pooler) -> None:
             server.close("pooler exit")
     for metrics_server in pooler.metrics_servers:
         metrics_server.close()
+    if pooler.unix_listener is not None:
+        pooler.unix_listener.close()
+    if pooler.unix_socket is not None:
+        pooler.unix_socket.remove()  # not in a forked worker: its parent removes it
     pidfile = pooler.settings.pooler.pidfile
     if pidfile and not pooler.stopped.done():
         try:

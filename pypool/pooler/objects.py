@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import secrets
 import time
 from collections.abc import Coroutine
@@ -37,6 +38,7 @@ from ..net import pipeline
 from ..net.client import ClientConnection
 from ..net.hooks import OpenConsole, ServeMetrics
 from ..net.server import ServerConnection, ServerLoginError
+from ..net.unix_socket import UnixSocket
 from ..pooling.pool import Pool, PoolLimits
 from ..pooling.prepared import Registry
 from ..pooling.stats import StatsPeriods
@@ -49,6 +51,8 @@ from . import cancel, lifecycle, linking
 log = logging.getLogger("pypool")
 
 ADMIN_DATABASES: Final = ("pgbouncer", "pypool")
+# PgBouncer's special console user: the pooler's own OS user, over the unix socket.
+OWN_ADMIN_USER: Final = "pgbouncer"
 
 
 @dataclass
@@ -81,7 +85,11 @@ class Pooler:
         self.scram_client_keys: dict[str, bytes] = {}
         # Prepared statements by Parse body, shared by all pools (pooling/prepared/).
         self.statement_registry = Registry()
-        self.listeners: list[asyncio.AbstractServer] = []
+        self.listeners: list[asyncio.AbstractServer] = []  # TCP
+        # The unix socket's files and listening socket (claimed by lifecycle.start, or by the
+        # parent of `workers`), and the server accepting on it.
+        self.unix_socket: UnixSocket | None = None
+        self.unix_listener: asyncio.AbstractServer | None = None
         self.shutting_down = ""  # "", "SIGINT" (drain transactions) or "SIGTERM" (drain clients)
         self.stopped = self.loop.create_future()
         self.janitor_task: asyncio.Task[None] | None = None
@@ -348,6 +356,17 @@ class Pooler:
         if len(self.clients) > cfg.max_client_conn and client.database not in ADMIN_DATABASES:
             raise PoolerError("no more connections allowed (max_client_conn)",
                               errors.TOO_MANY_CONNECTIONS)
+        if (client.database in ADMIN_DATABASES and client.user == OWN_ADMIN_USER
+                and client.peer_uid is not None and client.peer_uid == os.getuid()):
+            # As PgBouncer's admin_pre_login: over the unix socket, the OS user running the
+            # pooler reaches the console as `pgbouncer` with no password, whatever auth_type
+            # and auth_file say (operators and PgBouncer's test suite log in so). Over TCP
+            # the uid is unknown and `pgbouncer` is an ordinary user name.
+            client.own_user = True
+            if cfg.log_connections:
+                log.info("%r: pgbouncer access from unix socket", client)
+            client.start_auth(None, "trust")
+            return
         secret = self.auth_secrets.get(client.user)
         if secret is None and client.database not in ADMIN_DATABASES and cfg.auth_type not in (
             "trust", "any"

@@ -324,3 +324,17 @@ def test_a_password_message_is_at_most_64_kib() -> None:
     client = exchange(PASSWORD, "plain")
     with pytest.raises(errors.ClientProtocolError, match="invalid message length 2"):
         client.feed(b"p" + struct.pack("!I", 2))
+
+
+# --- auth_type = peer -------------------------------------------------------------------------
+
+
+def test_peer_needs_the_same_os_user_and_a_known_user() -> None:
+    cl.check_peer("alice", "secret", "alice")  # in
+    for secret, os_user in (("secret", "bob"), ("secret", None), (None, "alice")):
+        with pytest.raises(PoolerError) as refused:
+            cl.check_peer("alice", secret, os_user)
+        # PgBouncer's words; a failed login, so the client's side, 28000.
+        assert refused.value.message == "unix socket login rejected"
+        assert refused.value.sqlstate == errors.INVALID_AUTHORIZATION
+        assert refused.value.side is errors.Side.CLIENT
