@@ -54,7 +54,10 @@ if TYPE_CHECKING:
 def worth_extending(server: ServerConnection) -> bool:
     """Whether the line on `server` may take more now: the pool may not open another server,
     someone waits or the server is not yet listed as having room, and its last transaction
-    ends at its Sync (looked at last: for a simple Query it is a regex)."""
+    ends at its Sync (looked at last: for a simple Query it is a regex). Never with
+    pipelining off: then not even the regex runs, and requests are written at once."""
+    if not server.pooler.settings.pooler.pipeline_depth:
+        return False
     pool = server.pool
     return (pool.server_count >= pool.limits.pool_size
             and (pool.waiting or not server.open_line)
