@@ -37,7 +37,7 @@ ACCEPTED_UNUSED_KEYS = frozenset(
     suspend_timeout tcp_defer_accept tcp_socket_buffer tcp_keepalive tcp_keepcnt
     tcp_keepidle tcp_keepintvl tcp_user_timeout dns_max_ttl dns_nxdomain_ttl dns_zone_check_period
     resolv_conf disable_pqexec server_round_robin server_fast_close peer_id
-    verbose max_packet_size_warn cancel_wait_timeout
+    verbose max_packet_size_warn
     """.split()
 )
 
@@ -201,6 +201,7 @@ class PoolerSettings:
     metrics_addr: str = ""
     metrics_port: int = 0
     shutdown_timeout: float = 0.0
+    cancel_wait_timeout: float = 10.0
 
 
 # Keys that only take effect at start (PgBouncer's CF_NO_RELOAD, plus pypool's listeners):

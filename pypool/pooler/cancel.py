@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from ..core.states import ServerState
 from ..protocol import messages as m
@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pypool")
 
-# How long a CancelRequest may take to reach PostgreSQL (PgBouncer's cancel_wait_timeout).
-CANCEL_WAIT_TIMEOUT: Final = 10.0
 
 
 def forward_cancel(pooler: Pooler, pid: int, secret: int) -> None:
@@ -55,7 +53,7 @@ def forward_cancel(pooler: Pooler, pid: int, secret: int) -> None:
 
 
 async def _send_cancel(pooler: Pooler, server: ServerConnection) -> None:
-    timeout = CANCEL_WAIT_TIMEOUT
+    timeout = pooler.settings.pooler.cancel_wait_timeout or None
     landed = False
     try:
         async with asyncio.timeout(timeout):
