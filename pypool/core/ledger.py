@@ -26,8 +26,9 @@ that this ledger exists to get right: COPY FROM STDIN.
   so they never take a server from the pool for a reply that will never come.
 - A Sync sent during copy-in after CopyData, then a copy failure, leave it unknowable whether
   the server read that Sync in copy-in (ignored) or after the failure (answered): the ledger
-  is then `doubtful`, and the server must be closed rather than handed on. (A Sync before
-  any CopyData is surely ignored: a COPY fails on its data, which comes later.)
+  is then `doubtful`, and the server must be closed rather than handed on; so does any other
+  message sent during copy-in (it makes the COPY fail, and what follows it is answered).
+  A Sync before any CopyData and any other message is surely ignored.
 
 The ledger never decides alone: `ready()` says whether the client is owed nothing more, and
 the caller releases the server only then, on a ReadyForQuery with status `I`.
@@ -88,6 +89,12 @@ class FrontendLedger:
 
     # --- what the client sends --------------------------------------------------------------
 
+    def segment(self) -> None:
+        """A Parse, Bind, Describe, Execute or Close was sent: owed up to the next Sync."""
+        self.unsynced = True
+        if self.copy == COPY_IN:
+            self.doubtful = True  # ends the COPY with an error: see the module docstring
+
     def request(self, kind: int) -> None:
         """A Query, FunctionCall or Sync was sent."""
         if kind == _SYNC:
@@ -98,6 +105,8 @@ class FrontendLedger:
                 if self.copy_data_sent:
                     self.syncs_in_copy += 1
                 return
+        elif self.copy == COPY_IN:
+            self.doubtful = True  # ends the COPY with an error: see the module docstring
         self.owed.append(kind)
         self.pending += 1
 
@@ -110,16 +119,21 @@ class FrontendLedger:
             self.copy_data_sent = True
         elif kind == _COPY_DONE or kind == _COPY_FAIL:
             if self.copy == COPY_IN:
+                # Ends the COPY already known; it bounds no COPY to come (a second COPY in
+                # the same Query starts after it).
                 self.copy = NO_COPY
                 if self.copy_extended:
                     self.unsynced = True  # the server waits for a Sync after the COPY
-            self.owed.append(kind)
+            else:
+                self.owed.append(kind)  # sent before its CopyInResponse came: a bound
         return True
 
     # --- what the server answers ------------------------------------------------------------
 
-    def copy_started(self, kind: int) -> None:
-        """CopyInResponse, CopyOutResponse or CopyBothResponse from the server."""
+    def copy_started(self, kind: int) -> int:
+        """CopyInResponse, CopyOutResponse or CopyBothResponse from the server. Returns how
+        many of the client's Syncs the server will ignore (struck from `owed`), for the
+        prepared-statement queue to strike too."""
         owed = self.owed
         head = -1
         for entry in owed:
@@ -131,16 +145,18 @@ class FrontendLedger:
         self.copy_extended = head == _SYNC or (head == -1 and self.unsynced)
         if kind == m.COPY_OUT_RESPONSE:
             self.copy = COPY_OUT
-            return
+            return 0
         # Copy-in: strike the Syncs sent before the client's CopyDone/CopyFail, if it has
         # sent one already; else all of them, and stop counting Syncs until it does.
         kept: list[int] = []
         ended = False
+        struck = 0
         for entry in owed:
             if entry == _COPY_DONE or entry == _COPY_FAIL:
                 ended = True
             elif entry == _SYNC and not ended:
                 self.pending -= 1
+                struck += 1
                 continue
             kept.append(entry)
         self.owed = kept
@@ -150,9 +166,14 @@ class FrontendLedger:
         else:
             self.copy = COPY_IN
             self.syncs_in_copy = 0
+        return struck
 
     def copy_failed(self) -> None:
-        """An ErrorResponse while the server was in copy-in: it left copy-in there."""
+        """An ErrorResponse: if the server was in copy-in, it left copy-in there."""
+        if self.syncs_in_copy:
+            # Even after the client's CopyDone: the server may have failed before reading
+            # those Syncs, and will answer them.
+            self.doubtful = True
         if self.copy != COPY_IN:
             return
         self.copy = NO_COPY

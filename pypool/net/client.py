@@ -380,7 +380,9 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                 end = pos + size
                 if end > n and (st is None or _WHOLE[kind] or st.discarding):
                     break
-                if st is not None and _REQUESTS[kind]:
+                # A Sync in copy-in is ignored by PostgreSQL: no request for its queue either.
+                if st is not None and _REQUESTS[kind] and not (
+                        kind == _SYNC and ledger.copy == _COPY_IN):
                     try:
                         out = st.from_client(kind, data, pos, end)
                     except (ValueError, IndexError):
@@ -397,7 +399,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                         start = end
             action = _ACTION[kind]
             if action == _OPENS_SEGMENT:
-                ledger.unsynced = True
+                ledger.segment()
             elif action == _OWES_READY:
                 ledger.request(kind)
             elif action == _FLUSH or action == _COPY_MESSAGE:
@@ -639,6 +641,7 @@ _OPENS_SEGMENT: Final = lg.OPENS_SEGMENT
 _FLUSH: Final = lg.FLUSH
 _TERMINATE: Final = lg.TERMINATE
 _COPY_MESSAGE: Final = lg.COPY_MESSAGE
+_COPY_IN: Final = lg.COPY_IN
 _QUERY: Final = m.QUERY
 _SYNC: Final = m.SYNC
 # Prepared statements: what the rewriting reads whole, and the requests it queues.

@@ -338,7 +338,9 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
                     self._parameter_status(body)
                 else:
                     if kind in _COPY_RESPONSES and client is not None:
-                        client.ledger.copy_started(kind)
+                        struck = client.ledger.copy_started(kind)
+                        if struck:
+                            st.ignored_syncs(struck)
                     body = b""
                 verdict = st.reply(kind, body)
                 if verdict or st.to_client:
@@ -428,7 +430,9 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
                     st.command_tag(data[pos + 5 : end])
             elif kind in _COPY_RESPONSES:
                 if self.client is not None:
-                    self.client.ledger.copy_started(kind)
+                    struck = self.client.ledger.copy_started(kind)
+                    if struck:
+                        st.ignored_syncs(struck)
                 if end > n:
                     self._skip = end - n
                     pos = n

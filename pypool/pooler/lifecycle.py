@@ -189,7 +189,8 @@ def exit_now(pooler: Pooler) -> None:
     for client in list(pooler.clients):
         client.close("pooler exit")
     for pool in pooler.pools.values():
-        for server in list(pool.idle) + list(pool.active) + list(pool.login):
+        for server in (list(pool.idle) + list(pool.active) + list(pool.login)
+                       + list(pool.being_canceled)):
             server.close("pooler exit")
     for metrics_server in pooler.metrics_servers:
         metrics_server.close()
@@ -241,7 +242,8 @@ def tag_dirty(pooler: Pooler, pool: Pool, reason: str) -> None:
     """RECONNECT: replace every server of the pool: idle ones now, busy ones once released,
     logging-in ones once logged in (closing those now would fail the clients waiting for
     the pool's first login, and block new logins for server_login_retry)."""
-    pool.close_needed = set(pool.active) | set(pool.idle) | set(pool.login)
+    pool.close_needed = (set(pool.active) | set(pool.idle) | set(pool.login)
+                         | set(pool.being_canceled))
     for server in list(pool.idle):
         pooler.close_server(server, reason)
     pooler.launch_servers(pool)

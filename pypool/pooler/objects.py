@@ -284,7 +284,7 @@ class Pooler:
         # nothing: no login is tried again before server_login_retry).
         stranded = list(pool.awaiting_params)
         pool.awaiting_params.clear()
-        if not pool.idle and not pool.active and not pool.login:
+        if not pool.idle and not pool.active and not pool.login and not pool.being_canceled:
             stranded += [client for client in pool.waiting if client.state is ClientState.WAITING]
             pool.waiting.clear()
         for client in stranded:
@@ -443,7 +443,7 @@ class Pooler:
         and it has none to serve with (PgBouncer 1.25): at once, rather than after
         query_wait_timeout; None when the pool may serve."""
         failed = pool.login_error
-        if failed is None or pool.idle or pool.active:
+        if failed is None or pool.idle or pool.active or pool.login or pool.being_canceled:
             return None
         if self.now() - failed[1] >= self.settings.pooler.server_login_retry:
             return None
@@ -477,7 +477,10 @@ class Pooler:
             client.server = None
             server.client = None
             server.resume_reading()
-            clean = client.ledger.idle() and client.tx_status == m.TX_IDLE
+            # A check or SET the pooler sent for this client may still be answering: its
+            # replies and ParameterStatus would be taken for the next client's.
+            clean = (client.ledger.idle() and client.tx_status == m.TX_IDLE
+                     and server.setting_for is not client and not server.checking)
             if clean and not server.statements.detach():
                 clean = False  # prepared-statement replies still owed: see release()
             if clean:

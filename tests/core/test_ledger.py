@@ -61,7 +61,7 @@ class Exchange:
         for kind, _ in buffer.messages():
             action = lg.ACTION[kind]
             if action == lg.OPENS_SEGMENT:
-                self.ledger.unsynced = True
+                self.ledger.segment()
             elif action == lg.OWES_READY:
                 self.ledger.request(kind)
             elif action == lg.COPY_MESSAGE:
@@ -174,6 +174,42 @@ def test_a_sync_during_copy_then_a_failure_is_doubtful() -> None:
     x.client_sends(CD + S)
     x.server_sends(ERROR)
     assert x.ledger.doubtful
+
+
+def test_a_sync_sent_with_bad_data_then_copy_done_is_doubtful() -> None:
+    """CopyData (bad), Sync, CopyDone in one write: the server may fail on the data before
+    it reads the Sync, and then answers it. Whether or not CopyDone was sent first."""
+    x = Exchange()
+    x.client_sends(COPY_Q)
+    x.server_sends(COPY_IN)
+    x.client_sends(CD + S + CDONE)
+    x.server_sends(ERROR)
+    assert x.ledger.doubtful
+
+
+def test_a_parse_during_copy_in_is_doubtful() -> None:
+    """Any non-copy message in copy-in ends the COPY with an error, and what follows it is
+    answered: the count of replies owed is lost."""
+    x = Exchange()
+    x.client_sends(COPY_Q)
+    x.server_sends(COPY_IN)
+    x.client_sends(P + B + E + S)
+    assert x.ledger.doubtful
+
+
+def test_two_copies_in_one_query() -> None:
+    """COPY a FROM STDIN; COPY b FROM STDIN: the first CopyDone bounds nothing of the second,
+    whose Syncs in copy-in are ignored too."""
+    x = Exchange()
+    x.client_sends(msg(b"Q", b"COPY a FROM STDIN; COPY b FROM STDIN\x00"))
+    x.server_sends(COPY_IN)
+    x.client_sends(CD + CDONE)
+    x.server_sends(COMPLETE + COPY_IN)
+    assert x.ledger.copy == lg.COPY_IN
+    x.client_sends(CD + S + CDONE)
+    assert x.ledger.pending == 1
+    x.server_sends(COMPLETE + READY_I)
+    assert x.released == 1 and not x.ledger.doubtful
 
 
 def test_simple_copy_in() -> None:

@@ -210,6 +210,25 @@ class RequestQueue:
             return SWALLOW if head[R_SWALLOW] else FORWARD
         return FORWARD  # DataRow, ParameterDescription, NoticeResponse, Copy*, ...
 
+    def ignored_syncs(self, count: int) -> None:
+        """PostgreSQL will ignore `count` of the client's Syncs: they reached it in copy-in
+        mode (core/ledger.py strikes them from the client's ledger). The oldest Sync entries
+        go, as answered, so this queue and the ledger keep agreeing."""
+        queue = self.queue
+        kept: list[Request] = []
+        while count and queue:
+            request = queue.popleft()
+            if request[R_WAIT] == W_SYNC:
+                count -= 1
+                self.readies_done += 1
+                if request[R_OP]:
+                    self._settle(request, True)
+            else:
+                kept.append(request)
+        for request in reversed(kept):
+            queue.appendleft(request)
+        self._retrack()
+
     def pop_ready(self, status: int) -> None:
         """A ReadyForQuery went by on the hot path: its request (a plain Sync or Query at the
         head) is done."""
