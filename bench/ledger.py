@@ -143,6 +143,7 @@ class Attempt:
     own_cancel: bool = False  # its client cancelled it (a late cancel, racing the reply)
     misrouted: str = ""  # a reply that named another transfer
     error: str = ""
+    epoch: int = 0  # PostgreSQL restarts before it began (a crash may reuse its xid)
 
     @property
     def outcome(self) -> Outcome:
@@ -428,6 +429,14 @@ class Tally:
         return sum(1 for a in self.attempts if a.outcome is outcome)
 
 
+def _xid_reused(attempt: Attempt, tally: Tally, status: str | None, present: bool) -> bool:
+    """An ambiguous transfer in flight when PostgreSQL crashed: its xid was never made
+    durable, so the restarted cluster may have given it to a new transaction, whose commit
+    pg_xact_status then reports. Not a disagreement of the pooler's."""
+    return (attempt.outcome is Outcome.AMBIGUOUS and attempt.epoch < tally.faults.restarts
+            and status == "committed" and not present)
+
+
 class Run:
     """Shared state of one run: the clock, the random source, the kills that are due."""
 
@@ -493,7 +502,8 @@ async def _client_loop(run: Run, n: int, dsn: str) -> None:
             single = how == "cancel-late" or (
                 how in ("", "commit-eof", "commit-reset") and run.rng.random() < cfg.single_share
             )
-            attempt = Attempt(run.new_transfer(), kind.driver, single, cfg.statement_ms / 1000)
+            attempt = Attempt(run.new_transfer(), kind.driver, single, cfg.statement_ms / 1000,
+                              epoch=run.tally.faults.restarts)
             run.tally.attempts.append(attempt)
             try:
                 if how:
@@ -796,6 +806,7 @@ def check(cfg: Config, tally: Tally, admin_dsn: str, dbname: str) -> Verdict:
             for a in tally.attempts
             if a.xid is not None
             and (status.get(a.xid) == "committed") != (a.transfer.id in journal)
+            and not _xid_reused(a, tally, status.get(a.xid), a.transfer.id in journal)
         ],
         ambiguous_committed=sum(1 for a in ambiguous if a.transfer.id in journal),
         ambiguous_rolled_back=sum(1 for a in ambiguous if a.transfer.id not in journal),
