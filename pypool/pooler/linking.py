@@ -171,31 +171,30 @@ def release(pooler: Pooler, client: ClientConnection, now: float = 0.0) -> None:
     if server._reading_paused:
         server.resume_reading()
     if client.state is ClientState.CLOSED:  # it left while queued in a pipeline
-        if server.chain:
-            pipeline.hand_on(pooler, server, now)
-        elif server.statements.detach():
-            _reset_always(pooler, server)
-            server_available(pooler, server)
-        else:
-            server.close("prepared-statement replies out of step")
+        _hand_back(pooler, server, now)
         return
     if client._reading_paused:
         client.resume_reading()
     client.on(ClientEvent.RELEASED)
+    _hand_back(pooler, server, now)
+    if client.close_after_release:
+        client.fail(PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN))
+    elif client._blocked:
+        client.resume_rewriting()  # what it sent meanwhile goes to its next server
+
+
+def _hand_back(pooler: Pooler, server: ServerConnection, now: float) -> None:
+    """A server whose client is done: to the next client of its line, or back to the pool
+    (after the reset query if server_reset_query_always), unless prepared-statement replies
+    are still owed, which the next client would get: then it closes."""
     if server.chain:
         pipeline.hand_on(pooler, server, now)
     elif server.statements.detach():
         _reset_always(pooler, server)
         server_available(pooler, server)
     else:
-        # Never expected: a request of the client's still waits for its reply, which
-        # the next client would get. Do not hand the server on.
         log.error("%r: prepared-statement requests still queued at release", server)
         server.close("prepared-statement replies out of step")
-    if client.close_after_release:
-        client.fail(PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN))
-    elif client._blocked:
-        client.resume_rewriting()  # what it sent meanwhile goes to its next server
 
 
 def _reset_always(pooler: Pooler, server: ServerConnection) -> None:
