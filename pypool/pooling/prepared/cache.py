@@ -66,7 +66,9 @@ class ServerCache(RequestQueue):
             return b""
         return self._inject(stmt)
 
-    def _inject(self, stmt: Statement) -> bytes:
+    def _admit(self, stmt: Statement) -> bytes:
+        """A statement this server lacks is to be parsed here: count the miss, make room
+        under the cap, drop a stale copy, and list it. Returns what must go first."""
         stats = self.stats
         if stats is not None:
             stats.prepared_misses += 1
@@ -76,6 +78,10 @@ class ServerCache(RequestQueue):
             out += self._close_stale(stmt)
         self.registry.hold(stmt)
         self.lru[stmt] = self.epoch
+        return out
+
+    def _inject(self, stmt: Statement) -> bytes:
+        out = self._admit(stmt)
         self._push((W_PARSE, True, OP_INJECT, stmt, None, self.segment, None))
         return out + stmt.parse_message()
 

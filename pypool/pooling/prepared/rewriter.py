@@ -373,14 +373,7 @@ class ServerStatements(SqlNames):
             self._push((W_PARSE, False, OP_PARSE_HIT, stmt, name, segment, None))
             self._push((W_CLOSE, True, OP_NONE, None, None, segment, None))
             return parse_message(PROBE, key) + close_statement(PROBE)
-        if stats is not None:
-            stats.prepared_misses += 1
-            stats.server_parse_count += 1
-        out = self._make_room()
-        if self.stale and stmt in self.stale:
-            out += self._close_stale(stmt)
-        registry.hold(stmt)
-        lru[stmt] = self.epoch
+        out = self._admit(stmt)
         self._push((W_PARSE, False, OP_PARSE, stmt, name, segment, None))
         return out + stmt.parse_message()
 
