@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pypool.embedded import EmbeddedPostgres
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
@@ -15,3 +19,8 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
         if time.monotonic() > deadline:
             return False
         time.sleep(interval)
+
+
+def settle(postgres: EmbeddedPostgres, pg_activity: Callable[..., int]) -> None:
+    """Wait for backends left over from an earlier test's pooler to exit."""
+    assert wait_for(lambda: pg_activity(postgres) == 0, 5), "stale server connections"

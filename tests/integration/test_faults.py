@@ -15,14 +15,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 import psycopg
 import pytest
 
-from pypool.embedded import EmbeddedPostgres
 from tests.integration.app_client import connect
-from tests.integration.polling import wait_for
+from tests.integration.polling import settle, wait_for
 
 pytestmark = pytest.mark.timeout(40)
 
@@ -32,8 +30,6 @@ TERMINATE_APP_BACKENDS = (
 )
 
 
-def settle(postgres: EmbeddedPostgres, pg_activity: Callable[..., int]) -> None:
-    assert wait_for(lambda: pg_activity(postgres) == 0, 5), "stale server connections"
 
 
 def _open_servers(conns: list[psycopg.Connection]) -> set[int]:

@@ -13,33 +13,25 @@ import asyncio
 import struct
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
 from pypool.embedded import EmbeddedPostgres, free_port
+from pypool.protocol.startup import CANCEL_REQUEST_CODE
 from tests.admin.console_client import console, row, show
 from tests.conftest import ADMIN_PASSWORD, ADMIN_USER, APP_USER
-from tests.integration.app_client import connect
-from tests.integration.polling import wait_for
+from tests.integration.app_client import assert_pooler_error, connect
+from tests.integration.polling import settle, wait_for
 
 pytestmark = pytest.mark.timeout(40)
 
-CANCEL_REQUEST_CODE = 80877102
 WAIT_NOTICE = "No server connection available in postgres backend, client being queued"
 
 
-def settle(postgres: EmbeddedPostgres, pg_activity: Callable[..., int]) -> None:
-    assert wait_for(lambda: pg_activity(postgres) == 0, 5), "stale server connections"
 
 
-def assert_pooler_error(exc: psycopg.Error, text: str) -> None:
-    """A FATAL 08P01 from the pooler carrying `text` (COMPAT.md: errors the pooler sends)."""
-    assert text in str(exc), str(exc)
-    assert exc.sqlstate == "08P01", (exc.sqlstate, str(exc))
-    assert exc.diag.severity == "FATAL"
 
 
 def running(postgres: EmbeddedPostgres, marker: str) -> int:

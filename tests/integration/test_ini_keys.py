@@ -19,7 +19,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -27,13 +27,11 @@ import pytest
 
 from pypool.embedded import EmbeddedPostgres
 from tests.integration.app_client import connect
-from tests.integration.polling import wait_for
+from tests.integration.polling import settle, wait_for
 
 pytestmark = pytest.mark.timeout(40)
 
 
-def settle(postgres: EmbeddedPostgres, pg_activity: Callable[..., int]) -> None:
-    assert wait_for(lambda: pg_activity(postgres) == 0, 5), "stale server connections"
 
 
 def backend_pids(postgres: EmbeddedPostgres, dbname: str = "app") -> set[int]:

@@ -9,29 +9,21 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
 
 import psycopg
 import pytest
 
-from pypool.embedded import EmbeddedPostgres, free_port
+from pypool.embedded import free_port
 from tests.conftest import rows_in
-from tests.integration.app_client import connect
-from tests.integration.polling import wait_for
+from tests.integration.app_client import assert_pooler_error, connect
+from tests.integration.polling import settle, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
 
 
-def settle(postgres: EmbeddedPostgres, pg_activity: Callable[..., int]) -> None:
-    assert wait_for(lambda: pg_activity(postgres) == 0, 5), "stale server connections"
 
 
-def assert_pooler_error(exc: psycopg.Error, text: str) -> None:
-    """A FATAL 08P01 from the pooler carrying `text` (COMPAT.md: errors the pooler sends)."""
-    assert text in str(exc), str(exc)
-    assert exc.sqlstate == "08P01", (exc.sqlstate, str(exc))
-    assert exc.diag.severity == "FATAL"
 
 
 # -- waiting for a server ---------------------------------------------------------------
