@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from . import __version__
+from .daemon import StartError, check_pidfile, daemonize, switch_user
 from .settings import Settings, SettingsError, from_url, load_ini, worker_share
 
 if TYPE_CHECKING:
@@ -41,22 +41,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a pgbouncer.ini-format file, or a postgresql:// URL (default: $DATABASE_URL, "
         "else a throwaway local PostgreSQL)",
     )
-    parser.add_argument("--version", action="version", version=f"pypool {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=version_text())
     parser.add_argument("-p", "--port", type=int, help="listen port (overrides listen_port)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="increase verbosity (debug logging)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="run quietly: nothing on stderr (the logfile still gets it all)")
+    parser.add_argument("-d", "--daemon", action="store_true",
+                        help="run in the background (needs pidfile and logfile set)")
+    parser.add_argument("-u", "--user", help="as root, switch to this OS user first")
+    parser.add_argument("-R", "--reboot", action="store_true",
+                        help="online restart: not supported (refused with a message)")
     parser.add_argument(
         "--embedded-dir", help="where the throwaway PostgreSQL lives (default: a temp dir)"
     )
     return parser.parse_args(argv)
 
 
-def setup_logging(settings: Settings, verbose: bool, quiet: bool) -> None:
-    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+def version_text() -> str:
+    """`--version`: the same first line as the console's SHOW VERSION (tools compare them)."""
+    from .admin.show import VERSION
+
+    return VERSION
+
+
+def setup_logging(settings: Settings, verbose: int, quiet: bool) -> None:
+    """The logfile if set, else stderr. As PgBouncer's, --quiet only silences stderr: the
+    logfile keeps every line at the usual level (scripts grep it)."""
+    level = logging.DEBUG if verbose else logging.INFO
     handler: logging.Handler
     if settings.pooler.logfile:
         # Reopens the file when logrotate moves it away, so no signal is needed.
         handler = logging.handlers.WatchedFileHandler(settings.pooler.logfile)
+    elif quiet:
+        handler = logging.NullHandler()
     else:
         handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
@@ -186,6 +204,22 @@ def _fork_workers(share: Settings, workers: int, unix: UnixSocket | None) -> Non
                 continue
 
 
+def prepare_process(args: argparse.Namespace, settings: Settings, embedded: bool) -> None:
+    """-R, -u, the pidfile and -d, in PgBouncer's order, before anything is bound."""
+    if args.reboot:
+        raise StartError("-R/--reboot (online restart taking over the sockets) is not "
+                         "supported: stop pypool (SIGINT or SIGTERM drain it) and start it "
+                         "again")
+    if args.user:
+        switch_user(args.user)
+    pidfile = settings.pooler.pidfile
+    check_pidfile(pidfile)
+    if args.daemon:
+        if embedded:
+            raise StartError("--daemon needs an ini file with pidfile set, not the quick start")
+        daemonize(pidfile)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     target = args.config or os.environ.get("DATABASE_URL")
@@ -208,7 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"pypool: {exc}", file=sys.stderr)
         return 2
-    setup_logging(settings, args.verbose, args.quiet)
+    try:
+        prepare_process(args, settings, embedded is not None)
+    except StartError as exc:
+        print(f"pypool: {exc}", file=sys.stderr)
+        if embedded is not None:
+            embedded.stop()
+        return 1
+    setup_logging(settings, args.verbose, args.quiet or args.daemon)
     if embedded is not None:
         user = embedded.superuser
         url = (

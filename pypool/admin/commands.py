@@ -98,6 +98,23 @@ def pause(pooler: PoolerControl, arg: str) -> Reply:
     return WaitFor(_no_servers(pooler, database), "PAUSE")
 
 
+def suspend(pooler: PoolerControl, arg: str) -> Reply:
+    """SUSPEND: let what is in flight finish, then hold every client until RESUME.
+
+    PgBouncer flushes every socket and stops reading them, so that an online restart (-R)
+    can take them over with their servers. pypool has no online restart to hand them to: it
+    suspends as PAUSE pauses (each server closes once released, new ones open at RESUME),
+    answers once no transaction is running, and SHOW STATE says suspended."""
+    if pooler.paused_all:
+        raise AdminError("already suspended/paused")
+    if pooler.paused_dbs:
+        raise AdminError("cannot suspend with paused databases")
+    log.info("SUSPEND command issued")
+    pooler.suspended = True
+    pooler.pause_all(True)
+    return WaitFor(lambda: all(not pool.active for pool in _pools_of(pooler, None)), "SUSPEND")
+
+
 def resume(pooler: PoolerControl, arg: str) -> Reply:
     if not arg:
         log.info("RESUME command issued")
@@ -105,6 +122,7 @@ def resume(pooler: PoolerControl, arg: str) -> Reply:
             raise AdminError("pooler is shutting down")
         if not pooler.paused_all:
             raise AdminError("pooler is not paused/suspended")
+        pooler.suspended = False
         pooler.pause_all(False)
         return Done("RESUME")
     log.info("RESUME '%s' command issued", arg)
@@ -261,7 +279,8 @@ COMMANDS: dict[str, Callable[[PoolerControl, str], Reply]] = {
     "reload": reload,
     "resume": resume,
     "shutdown": shutdown,
+    "suspend": suspend,
     "wait_close": wait_close,
 }
 # Commands that reject any argument (PgBouncer answers "invalid command" instead).
-NO_ARGUMENT = frozenset({"reload"})
+NO_ARGUMENT = frozenset({"reload", "suspend"})

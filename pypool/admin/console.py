@@ -182,6 +182,8 @@ class AdminSession:
         build = show.SHOWS.get(key)
         if build is None:
             raise InvalidCommand(what)
+        if key == "fds" and not self.is_admin:  # file descriptors are an admin's business
+            raise AdminError("admin access needed")
         return build(self.view).encode() + m.command_complete("SHOW")
 
 

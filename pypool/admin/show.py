@@ -210,6 +210,75 @@ def show_servers(view: PoolerView) -> ResultSet:
     return result(_SOCKET_TYPES, _SOCKET_COLUMNS, rows)
 
 
+# SHOW SOCKETS and ACTIVE_SOCKETS: the SHOW CLIENTS/SERVERS row plus PgBouncer's seven buffer
+# positions (recv_pos pkt_pos pkt_remain send_pos send_remain pkt_avail send_avail). pypool's
+# buffers are asyncio's, whose positions mean nothing here: they read 0.
+_DEBUG_TYPES = _SOCKET_TYPES + "iiiiiii"
+_DEBUG_COLUMNS = (_SOCKET_COLUMNS + " recv_pos pkt_pos pkt_remain send_pos send_remain "
+                  "pkt_avail send_avail")
+_NO_BUFFERS = (0, 0, 0, 0, 0, 0, 0)
+_SERVER_STATES = {"active": "sv_active", "idle": "sv_idle", "new": "sv_login"}
+
+
+def _socket_rows(view: PoolerView) -> list[tuple[Any, ...]]:
+    """Every client and server, with its state as PgBouncer's list name (cl_active, sv_idle,
+    ...), pool by pool, then the clients still logging in (cl_login)."""
+    rows: list[tuple[Any, ...]] = []
+    groups: list[tuple[str, Sequence[ClientInfo], Sequence[ServerInfo]]] = [
+        (pool.database, pool.clients, pool.servers) for pool in view.pools(connections=True)]
+    groups.append((ADMIN_DB, view.console_clients(), ()))
+    for _database, clients, servers in sorted(groups, key=lambda item: item[0]):
+        for state in ("active", "waiting"):
+            rows.extend((*_client_row(c)[:4], "cl_" + state, *_client_row(c)[5:], *_NO_BUFFERS)
+                        for c in clients if c.state == state)
+        for server in servers:
+            row = _server_row(server)
+            rows.append((*row[:4], _SERVER_STATES[server.state], *row[5:], *_NO_BUFFERS))
+    for c in view.login_clients():
+        row = _client_row(c)
+        rows.append((*row[:4], "cl_login", *row[5:], *_NO_BUFFERS))
+    return rows
+
+
+def show_sockets(view: PoolerView) -> ResultSet:
+    return result(_DEBUG_TYPES, _DEBUG_COLUMNS, _socket_rows(view))
+
+
+def show_active_sockets(view: PoolerView) -> ResultSet:
+    """PgBouncer lists the sockets with bytes in their buffers. pypool forwards what it
+    reads at once and keeps no partial packet of its own, so none are listed."""
+    return result(_DEBUG_TYPES, _DEBUG_COLUMNS, [])
+
+
+def show_mem(view: PoolerView) -> ResultSet:
+    """PgBouncer's slab caches, by its names; pypool has no slabs, so it counts the objects
+    each cache would hold (size 0: Python objects have no fixed size)."""
+    counts = dict(lists(view))
+    rows = [(name, 0, counts.get(key, 0), 0, 0) for name, key in (
+        ("user_cache", "users"), ("db_cache", "databases"), ("peer_cache", "peers"),
+        ("pool_cache", "pools"), ("peer_pool_cache", "peer_pools"),
+        ("server_cache", "used_servers"), ("client_cache", "used_clients"),
+        ("iobuf_cache", ""), ("outstanding_request_cache", ""), ("var_list_cache", ""),
+        ("server_prepared_statement_cache", ""))]
+    return result("siiii", "name size used free memtotal", rows)
+
+
+def show_fds(view: PoolerView) -> ResultSet:
+    """PgBouncer's SHOW FDS feeds its online restart (-R), which pypool does not do: the
+    columns, one row per client and server socket with what can be told of it."""
+    rows: list[tuple[Any, ...]] = []
+    for pool in view.pools(connections=True):
+        for c in pool.clients:
+            rows.append((c.fd, "client", c.user, c.database, c.addr, c.port, 0, 0,
+                         None, None, None, None, None, None, None))
+        for server in pool.servers:
+            rows.append((server.fd, "server", server.user, server.database, server.addr,
+                         server.port, 0, 0, None, None, None, None, None, None, None))
+    return result("issssiqisssssss", "fd task user database addr port cancel link "
+                  "client_encoding std_strings datestyle timezone password scram_client_key "
+                  "scram_server_key", rows)
+
+
 # --- SHOW DATABASES, USERS, CONFIG, LISTS, STATE, VERSION ---------------------------------
 
 
@@ -300,9 +369,10 @@ def show_lists(view: PoolerView) -> ResultSet:
 
 def show_state(view: PoolerView) -> ResultSet:
     paused = view.paused_all
+    suspended = view.suspended
     return result("ss", "key value", [("active", "no" if paused else "yes"),
-                                      ("paused", "yes" if paused else "no"),
-                                      ("suspended", "no")])
+                                      ("paused", "yes" if paused and not suspended else "no"),
+                                      ("suspended", "yes" if suspended else "no")])
 
 
 def show_version(view: PoolerView) -> ResultSet:
@@ -328,6 +398,10 @@ SHOWS: dict[str, Callable[[PoolerView], ResultSet]] = {
     "totals": show_totals,
     "users": show_users,
     "version": show_version,
+    "sockets": show_sockets,
+    "active_sockets": show_active_sockets,
+    "mem": show_mem,
+    "fds": show_fds,
     "peers": show_empty("isii", "peer_id host port pool_size"),
     "peer_pools": show_empty("iiiii", "peer_id cl_active_cancel_req cl_waiting_cancel_req "
                                       "sv_active_cancel sv_login"),
@@ -347,7 +421,7 @@ FAKE_PARAMS = {
 HELP = """
 \tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|VERSION
 \tSHOW PEERS|PEER_POOLS
-\tSHOW LISTS|STATE
+\tSHOW FDS|SOCKETS|ACTIVE_SOCKETS|LISTS|MEM|STATE
 \tSHOW DNS_HOSTS|DNS_ZONES
 \tSHOW STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS
 \tSET key = arg
@@ -359,6 +433,7 @@ HELP = """
 \tRECONNECT [<db>]
 \tKILL <db>
 \tKILL_CLIENT <client_id>
+\tSUSPEND
 \tSHUTDOWN
 \tSHUTDOWN WAIT_FOR_SERVERS|WAIT_FOR_CLIENTS
 \tWAIT_CLOSE [<db>]"""

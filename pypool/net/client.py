@@ -38,6 +38,7 @@ from ..protocol.errors import PoolerError
 from ..protocol.framing import FramingError
 from ..protocol.startup import CancelRequest
 from .flow_control import ReadingSwitch
+from .socket_ids import socket_ids as _ids  # shared with the other side
 
 if TYPE_CHECKING:
     from ..pooler import Pooler
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pypool.client")
 
-_ids = iter(range(1, 1 << 62))
 
 
 class ClientConnection(ReadingSwitch, asyncio.Protocol):

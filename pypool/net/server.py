@@ -29,6 +29,7 @@ from ..pooling import prepared
 from ..pooling.params import covers, set_statements
 from ..protocol import messages as m
 from .flow_control import ReadingSwitch
+from .socket_ids import socket_ids as _ids  # shared with the other side
 
 if TYPE_CHECKING:
     from ..pooler import Pooler, ServerCredentials
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pypool.server")
 
 
-_ids = iter(range(1, 1 << 62))
 # Replies the hot path passes through without a look, indexed by type byte (every type but
 # ReadyForQuery, ParameterStatus, ErrorResponse, CommandComplete and the three that start a
 # COPY, which the client's ledger must see: core/ledger.py).

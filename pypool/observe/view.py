@@ -95,6 +95,8 @@ class PoolerState(Protocol):
     @property
     def paused_all(self) -> bool: ...
     @property
+    def suspended(self) -> bool: ...
+    @property
     def paused_dbs(self) -> AbstractSet[str]: ...
     @property
     def disabled_dbs(self) -> AbstractSet[str]: ...
@@ -159,6 +161,7 @@ class ClientInfo:
     link: str  # ptr of the server it holds, "" when none
     application_name: str
     prepared_statements: int
+    fd: int = -1  # its socket's file descriptor (SHOW FDS), -1 once closed
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,7 @@ class ServerInfo:
     remote_pid: int
     application_name: str
     prepared_statements: int
+    fd: int = -1
 
 
 @dataclass(frozen=True)
@@ -222,6 +226,14 @@ def _sockname(transport: Any) -> tuple[str, int]:
     return "", 0
 
 
+def _fd(transport: Any) -> int:
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    try:
+        return int(sock.fileno()) if sock is not None else -1
+    except (OSError, ValueError):
+        return -1
+
+
 def _prepared_count(connection: Any) -> int:
     """Protocol-level prepared statements a client has named, or a server holds (as
     PgBouncer counts them); 0 where prepared statements are off."""
@@ -246,6 +258,10 @@ class PoolerView:
     @property
     def paused_all(self) -> bool:
         return self._pooler.paused_all
+
+    @property
+    def suspended(self) -> bool:
+        return self._pooler.suspended
 
     def paused(self, database: str) -> bool:
         """PAUSE of everything, or of this database (or KILL of it)."""
@@ -343,6 +359,14 @@ class PoolerView:
         admins = sorted((c for c in pooler.clients if c.admin is not None), key=lambda c: c.id)
         return [_client(c, ADMIN_DB, now, wall) for c in admins]
 
+    def login_clients(self) -> list[ClientInfo]:
+        """Clients still logging in (not yet in a pool nor on the console), by id."""
+        pooler = self._pooler
+        now = pooler.now()
+        wall = _wall_offset(now)
+        return [_client(c, "(nodb)", now, wall)
+                for c in sorted(pooler.login_clients, key=lambda c: c.id)]
+
     def console_client_count(self) -> int:
         return sum(1 for c in self._pooler.clients if c.admin is not None)
 
@@ -393,7 +417,7 @@ def _client(client: ClientSide, database: str, now: float, wall: float) -> Clien
         connect_time=client.connect_time + wall, request_time=client.state_since + wall,
         wait_us=wait_us, ptr=_ptr(client), link=_ptr(client.server),
         application_name=client.params.get("application_name", ""),
-        prepared_statements=_prepared_count(client),
+        prepared_statements=_prepared_count(client), fd=_fd(client.transport),
     )
 
 
@@ -413,7 +437,7 @@ def _servers(pool: Pool, wall: float) -> list[ServerInfo]:
                 close_needed=server in pool.close_needed, ptr=_ptr(server),
                 link=_ptr(server.client), remote_pid=server.backend_pid,
                 application_name=server.params.get("application_name", ""),
-                prepared_statements=_prepared_count(server),
+                prepared_statements=_prepared_count(server), fd=_fd(server.transport),
             ))
     return found
 

@@ -98,6 +98,7 @@ class Pooler:
         # The operator's switches (admin console, SIGUSR1/2): PAUSE of everything or of some
         # databases, DISABLE; databases gone from the config whose clients are still here.
         self.paused_all = False
+        self.suspended = False  # SUSPEND: paused_all too, shown as suspended (SHOW STATE)
         self.paused_dbs: set[str] = set()
         self.disabled_dbs: set[str] = set()
         self.retired: dict[str, DatabaseEntry] = {}
