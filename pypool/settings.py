@@ -25,15 +25,14 @@ from urllib.parse import unquote, urlsplit
 log = logging.getLogger("pypool.settings")
 
 POOL_MODES = ("session", "transaction", "statement")
-AUTH_TYPES = ("scram-sha-256", "md5", "plain", "trust", "any", "peer")
-# PgBouncer's auth types that pypool refuses: they need an hba file or client certificates.
-UNSUPPORTED_AUTH_TYPES = ("hba", "cert")
+AUTH_TYPES = ("scram-sha-256", "md5", "plain", "trust", "any", "peer", "hba")
+# PgBouncer's auth types that pypool refuses: cert needs TLS, pam a PAM stack.
+UNSUPPORTED_AUTH_TYPES = ("cert", "pam")
 
 # The keys PgBouncer accepts that pypool parses but does not act on, accepted quietly.
 ACCEPTED_UNUSED_KEYS = frozenset(
     """
-    user auth_hba_file auth_ident_file
-    auth_dbname syslog syslog_ident syslog_facility listen_backlog sbuf_loopcnt
+    user syslog syslog_ident syslog_facility listen_backlog sbuf_loopcnt
     suspend_timeout tcp_defer_accept tcp_socket_buffer tcp_keepalive tcp_keepcnt
     tcp_keepidle tcp_keepintvl tcp_user_timeout dns_max_ttl dns_nxdomain_ttl dns_zone_check_period
     resolv_conf disable_pqexec server_round_robin server_fast_close peer_id
@@ -177,6 +176,9 @@ class PoolerSettings:
     server_check_delay: float = 30.0
     auth_type: str = "md5"
     auth_file: str = ""
+    # auth_type = hba: PgBouncer's pg_hba.conf subset and its ident maps (auth/hba.py).
+    auth_hba_file: str = ""
+    auth_ident_file: str = ""
     auth_user: str = ""
     auth_query: str = (
         "SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL ELSE rolpassword END "
@@ -528,8 +530,10 @@ def load_ini(path: str | Path) -> Settings:
     if name is None:
         raise SettingsError(f"{path}: no [pgbouncer] or [pypool] section")
     pooler = pooler_settings(dict(parser.items(name)), section(name))
-    if pooler.auth_file and not Path(pooler.auth_file).is_absolute():
-        pooler = dataclasses.replace(pooler, auth_file=str(path.parent / pooler.auth_file))
+    for key in ("auth_file", "auth_hba_file", "auth_ident_file"):
+        value = getattr(pooler, key)
+        if value and not Path(value).is_absolute():  # beside the ini, wherever pypool runs
+            pooler = dataclasses.replace(pooler, **{key: str(path.parent / value)})  # type: ignore[arg-type]
     databases: dict[str, DatabaseEntry] = {}
     if parser.has_section("databases"):
         where = section("databases")

@@ -275,7 +275,7 @@ def test_booleans(text: str, value: bool) -> None:
         ("log_connections", "maybe"),
         ("pool_mode", "connection"),
         ("auth_type", "kerberos"),
-        ("auth_type", "hba"),
+        ("auth_type", "cert"),
     ],
 )
 def test_bad_values_name_the_file_and_key(tmp_path: Path, key: str, value: str) -> None:

@@ -62,6 +62,9 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         # On the unix socket: the peer process's uid (SO_PEERCRED), for `auth_type = peer` and
         # the console's `pgbouncer` login; None over TCP.
         self.peer_uid: int | None = None
+        # Whether the connection is TLS (hostssl/hostnossl in auth_hba_file). Always False
+        # until client TLS lands; the TLS layer sets it once the handshake is done.
+        self.tls = False
         # Logged into the console as user `pgbouncer` by the pooler's own OS user over the
         # unix socket (PgBouncer's own_user): an admin without a password.
         self.own_user = False

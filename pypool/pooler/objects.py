@@ -46,7 +46,7 @@ from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..settings import DatabaseEntry, Settings
-from . import cancel, lifecycle, linking
+from . import cancel, hba_login, lifecycle, linking
 
 log = logging.getLogger("pypool")
 
@@ -113,6 +113,7 @@ class Pooler:
     def load_auth(self) -> None:
         """(Re)read the auth_file. One that cannot be read keeps the users known so far
         (a reload must not lock everyone out because of a bad save)."""
+        self.hba = hba_login.load(self.settings.pooler)
         known = dict(self.settings.inline_users)
         path = self.settings.pooler.auth_file
         if path:
@@ -368,19 +369,22 @@ class Pooler:
                 log.info("%r: pgbouncer access from unix socket", client)
             client.start_auth(None, "trust")
             return
+        auth_type = cfg.auth_type
+        if auth_type == "hba":  # the hba file picks the method for this client
+            auth_type = hba_login.method_for(self.hba, client)
         secret = self.auth_secrets.get(client.user)
-        if secret is None and client.database not in ADMIN_DATABASES and cfg.auth_type not in (
+        if secret is None and client.database not in ADMIN_DATABASES and auth_type not in (
             "trust", "any"
         ):
             entry = self.settings.database(client.database)
             auth_user = (entry and entry.auth_user) or cfg.auth_user
             if entry is not None and auth_user:
-                self.spawn(self._auth_query(client, entry, auth_user))
+                self.spawn(self._auth_query(client, entry, auth_user, auth_type))
                 return
-        client.start_auth(secret, cfg.auth_type)
+        client.start_auth(secret, auth_type)
 
     async def _auth_query(self, client: ClientConnection, entry: DatabaseEntry,
-                          auth_user: str) -> None:
+                          auth_user: str, auth_type: str) -> None:
         from ..net.auth_query import run_auth_query
 
         secret = None
@@ -396,7 +400,7 @@ class Pooler:
             self.auth_query_secrets[client.user] = secret
         if client.state is ClientState.STARTUP:
             try:
-                client.start_auth(secret, self.settings.pooler.auth_type)
+                client.start_auth(secret, auth_type)
             except PoolerError as exc:
                 client.fail(exc)
 
