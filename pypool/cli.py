@@ -210,8 +210,9 @@ def prepare_process(args: argparse.Namespace, settings: Settings, embedded: bool
         raise StartError("-R/--reboot (online restart taking over the sockets) is not "
                          "supported: stop pypool (SIGINT or SIGTERM drain it) and start it "
                          "again")
-    if args.user:
-        switch_user(args.user)
+    user = args.user or settings.pooler.user  # -u, else the ini's `user`
+    if user:
+        switch_user(user)
     pidfile = settings.pooler.pidfile
     check_pidfile(pidfile)
     if args.daemon:
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         if embedded is not None:
             embedded.stop()
         return 1
-    setup_logging(settings, args.verbose, args.quiet or args.daemon)
+    setup_logging(settings, args.verbose or settings.pooler.verbose, args.quiet or args.daemon)
     if embedded is not None:
         user = embedded.superuser
         url = (

@@ -32,11 +32,7 @@ UNSUPPORTED_AUTH_TYPES = ("cert", "pam")
 # The keys PgBouncer accepts that pypool parses but does not act on, accepted quietly.
 ACCEPTED_UNUSED_KEYS = frozenset(
     """
-    user syslog syslog_ident syslog_facility listen_backlog sbuf_loopcnt
-    suspend_timeout tcp_defer_accept tcp_socket_buffer tcp_keepalive tcp_keepcnt
-    tcp_keepidle tcp_keepintvl tcp_user_timeout dns_max_ttl dns_nxdomain_ttl dns_zone_check_period
-    resolv_conf disable_pqexec server_round_robin server_fast_close peer_id
-    verbose max_packet_size_warn
+    max_packet_size_warn conffile service_name job_name
     """.split()
 )
 
@@ -68,6 +64,24 @@ TLS_KEYS: dict[str, frozenset[str]] = {
 # [pgbouncer] keys with a field but no effect yet, and why: only their default is accepted.
 NOT_YET_IMPLEMENTED: dict[str, str] = {
     "pkt_buf": "pypool sizes its buffers itself",
+    "syslog": "pypool does not log to syslog; use logfile, or stderr under a log collector",
+    "disable_pqexec": "pypool does not refuse the simple query protocol",
+}
+
+# [pgbouncer] keys that are fields (SHOW CONFIG lists them, SET takes them) but change
+# nothing in pypool, and why that is right. docs/operating.md repeats this list.
+NO_EFFECT: dict[str, str] = {
+    "server_round_robin": "idle servers are reused most recently used first, whichever way",
+    "server_fast_close": "servers of a RECONNECT or reload already close once released",
+    "suspend_timeout": "SUSPEND waits for running transactions only (no online restart)",
+    "autodb_idle_timeout": "pools of `*` databases stay until their database is removed",
+    "syslog_ident": "no syslog", "syslog_facility": "no syslog",
+    "peer_id": "[peers] is not implemented; cancels are forwarded between workers only",
+    "sbuf_loopcnt": "asyncio schedules the reads",
+    "tcp_defer_accept": "asyncio accepts at once", "tcp_socket_buffer": "the kernel's default",
+    "dns_max_ttl": "no DNS cache: every server connection resolves its host anew",
+    "dns_nxdomain_ttl": "no DNS cache", "dns_zone_check_period": "no DNS cache",
+    "resolv_conf": "the system resolver is used",
 }
 
 MAX_INT = 2147483647  # PgBouncer keeps integer settings in a C int
@@ -156,6 +170,9 @@ class PoolerSettings:
     max_client_conn: int = 100
     max_db_connections: int = 0
     max_user_connections: int = 0
+    # Clients per database and per user, counted from the login attempt (pooler/client_limits).
+    max_db_client_connections: int = 0
+    max_user_client_connections: int = 0
     max_prepared_statements: int = 200
     max_client_prepared_statements: int = 10000
     pipeline_depth: int = 0
@@ -179,6 +196,8 @@ class PoolerSettings:
     # auth_type = hba: PgBouncer's pg_hba.conf subset and its ident maps (auth/hba.py).
     auth_hba_file: str = ""
     auth_ident_file: str = ""
+    # The [databases] entry whose auth_user runs auth_query, when the client's own has none.
+    auth_dbname: str = ""
     auth_user: str = ""
     auth_query: str = (
         "SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL ELSE rolpassword END "
@@ -204,6 +223,32 @@ class PoolerSettings:
     metrics_port: int = 0
     shutdown_timeout: float = 0.0
     cancel_wait_timeout: float = 10.0
+    # PgBouncer keys with nothing (or nothing yet) to do in pypool's place. They are fields so
+    # that SHOW CONFIG lists them and SET takes them; NO_EFFECT says what each one does here.
+    server_round_robin: bool = False
+    server_fast_close: bool = False
+    suspend_timeout: float = 10.0
+    autodb_idle_timeout: float = 3600.0
+    disable_pqexec: bool = False
+    verbose: int = 0
+    user: str = ""
+    peer_id: int = 0
+    syslog: bool = False
+    syslog_ident: str = "pgbouncer"
+    syslog_facility: str = "daemon"
+    listen_backlog: int = 128
+    sbuf_loopcnt: int = 5
+    tcp_defer_accept: int = 45
+    tcp_socket_buffer: int = 0
+    tcp_keepalive: bool = True
+    tcp_keepcnt: int = 0
+    tcp_keepidle: int = 0
+    tcp_keepintvl: int = 0
+    tcp_user_timeout: int = 0
+    dns_max_ttl: float = 15.0
+    dns_nxdomain_ttl: float = 15.0
+    dns_zone_check_period: float = 0.0
+    resolv_conf: str = ""
 
 
 # Keys that only take effect at start (PgBouncer's CF_NO_RELOAD, plus pypool's listeners):
@@ -211,7 +256,7 @@ class PoolerSettings:
 RESTART_ONLY_KEYS = frozenset(
     {"listen_addr", "listen_port", "pidfile", "logfile", "pkt_buf", "so_reuseport", "workers",
      "track_extra_parameters", "metrics_addr", "metrics_port", "unix_socket_dir",
-     "unix_socket_mode", "unix_socket_group"}
+     "unix_socket_mode", "unix_socket_group", "listen_backlog", "user", "peer_id"}
 )
 
 
@@ -230,7 +275,14 @@ class DatabaseEntry:
     reserve_pool_size: int | None = None
     max_db_connections: int | None = None
     pool_mode: str | None = None
+    max_db_client_connections: int | None = None
+    server_lifetime: float | None = None
+    # host lists (host=a,b): round-robin starts each new server at the next host; disable
+    # tries them in order, the first that answers wins.
+    load_balance_hosts: str = "round-robin"
     auth_user: str = ""
+    auth_query: str = ""
+    auth_dbname: str = ""
     application_name: str = ""
     client_encoding: str = ""
     datestyle: str = ""
@@ -241,6 +293,11 @@ class DatabaseEntry:
     def server_dbname(self) -> str:
         return self.dbname or self.name
 
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """`host=a,b,c`: the servers to try, in order."""
+        return tuple(h.strip() for h in self.host.split(",") if h.strip()) or ("127.0.0.1",)
+
 
 @dataclass(frozen=True)
 class UserEntry:
@@ -249,8 +306,13 @@ class UserEntry:
     name: str
     pool_mode: str | None = None
     pool_size: int | None = None
+    reserve_pool_size: int | None = None
     max_user_connections: int | None = None
+    max_user_client_connections: int | None = None
     transaction_timeout: float | None = None
+    query_timeout: float | None = None
+    idle_transaction_timeout: float | None = None
+    client_idle_timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -261,6 +323,21 @@ class Settings:
     path: str = ""
     # Users known without an auth_file (the quick start's URL): name -> plaintext secret.
     inline_users: dict[str, str] = field(default_factory=dict)
+
+    def database_client_cap(self, name: str) -> int:
+        """max_db_client_connections for database `name` ([databases], else [pgbouncer]);
+        0: no cap. The console database has the [pgbouncer] one."""
+        entry = self.database(name) if name not in ("pgbouncer", "pypool") else None
+        if entry is not None and entry.max_db_client_connections:
+            return entry.max_db_client_connections
+        return self.pooler.max_db_client_connections
+
+    def user_client_cap(self, name: str) -> int:
+        """max_user_client_connections for user `name` ([users], else [pgbouncer])."""
+        entry = self.users.get(name)
+        if entry is not None and entry.max_user_client_connections:
+            return entry.max_user_client_connections
+        return self.pooler.max_user_client_connections
 
     def database(self, name: str) -> DatabaseEntry | None:
         """The [databases] entry for `name`, falling back to the `*` entry."""
@@ -315,7 +392,15 @@ def parse_connstring(text: str) -> dict[str, str]:
     return result
 
 
-_INT_DB_KEYS = ("pool_size", "min_pool_size", "reserve_pool_size", "max_db_connections")
+_INT_DB_KEYS = ("pool_size", "min_pool_size", "reserve_pool_size", "max_db_connections",
+                "max_db_client_connections")
+_USER_KEYS: dict[str, str] = {  # [users] key -> its kind
+    "pool_mode": "str", "pool_size": "int", "reserve_pool_size": "int",
+    "max_user_connections": "int", "max_user_client_connections": "int",
+    "transaction_timeout": "duration", "query_timeout": "duration",
+    "idle_transaction_timeout": "duration", "client_idle_timeout": "duration",
+}
+LOAD_BALANCE_HOSTS = ("round-robin", "disable")
 
 
 # --- one value: parse and check -------------------------------------------------------------
@@ -423,12 +508,18 @@ def _database_entry(name: str, text: str, where: str) -> DatabaseEntry:
     known = {f.name for f in dataclasses.fields(DatabaseEntry)}
     values: dict[str, object] = {"name": name}
     for key, value in raw.items():
+        if key == "reserve_pool":  # PgBouncer's old name, still read
+            key = "reserve_pool_size"
         if key not in known or key == "name":
             log.warning("%s: database %r: unknown key %r ignored", where, name, key)
             continue
         try:
             if key == "port" or key in _INT_DB_KEYS:
                 values[key] = parse_int(value)
+            elif key == "server_lifetime":
+                values[key] = parse_duration(value)
+            elif key == "load_balance_hosts" and value not in LOAD_BALANCE_HOSTS:
+                raise ValueError(f"must be one of {', '.join(LOAD_BALANCE_HOSTS)}, not {value!r}")
             else:
                 values[key] = value
             _check(key, values[key])
@@ -450,11 +541,12 @@ def _user_entry(name: str, text: str, where: str) -> UserEntry:
     values: dict[str, object] = {"name": name}
     for key, value in raw.items():
         try:
-            if key == "pool_mode":
+            kind = _USER_KEYS.get(key)
+            if kind == "str":
                 values[key] = value
-            elif key in ("pool_size", "max_user_connections"):
+            elif kind == "int":
                 values[key] = parse_int(value)
-            elif key == "transaction_timeout":
+            elif kind == "duration":
                 values[key] = parse_duration(value)
             else:
                 log.warning("%s: user %r: unknown key %r ignored", where, name, key)
@@ -530,6 +622,9 @@ def load_ini(path: str | Path) -> Settings:
     if name is None:
         raise SettingsError(f"{path}: no [pgbouncer] or [pypool] section")
     pooler = pooler_settings(dict(parser.items(name)), section(name))
+    if pooler.auth_dbname in ("pgbouncer", "pypool"):
+        raise SettingsError(f'{section(name).at("auth_dbname")}: cannot use the reserved '
+                            f'"{pooler.auth_dbname}" database as an auth_dbname')
     for key in ("auth_file", "auth_hba_file", "auth_ident_file"):
         value = getattr(pooler, key)
         if value and not Path(value).is_absolute():  # beside the ini, wherever pypool runs

@@ -283,12 +283,9 @@ def show_fds(view: PoolerView) -> ResultSet:
 
 
 def show_databases(view: PoolerView) -> ResultSet:
-    cfg = view.settings.pooler
+    settings = view.settings
+    cfg = settings.pooler
     rows: list[tuple[Any, ...]] = []
-    clients_per_db: dict[str, int] = {}
-    for pool in view.pools():
-        clients = pool.counts.cl_active + pool.counts.cl_waiting
-        clients_per_db[pool.database] = clients_per_db.get(pool.database, 0) + clients
     for name in view.database_names():
         entry = view.database_entry(name)
         if entry is None:
@@ -298,14 +295,18 @@ def show_databases(view: PoolerView) -> ResultSet:
             _pick(entry.pool_size, cfg.default_pool_size),
             _pick(entry.min_pool_size, cfg.min_pool_size),
             _pick(entry.reserve_pool_size, cfg.reserve_pool_size),
-            int(cfg.server_lifetime), entry.pool_mode, None,
+            int(cfg.server_lifetime if entry.server_lifetime is None
+                else entry.server_lifetime),
+            entry.pool_mode, entry.load_balance_hosts if "," in entry.host else None,
             _pick(entry.max_db_connections, cfg.max_db_connections),
-            view.servers_of_database(name), 0, clients_per_db.get(name, 0),
+            view.servers_of_database(name), settings.database_client_cap(name),
+            view.clients_of_database(name),
             int(view.paused(name)), int(view.disabled(name)),
         ))
     rows.append((ADMIN_DB, None, cfg.listen_port, ADMIN_DB, ADMIN_DB, 2, 0, 0,
-                 int(cfg.server_lifetime), "statement", None, 0, 0, 0,
-                 view.console_client_count(), 0, 0))
+                 int(cfg.server_lifetime), "statement", None, 0, 0,
+                 settings.database_client_cap(ADMIN_DB),
+                 view.clients_of_database(ADMIN_DB), 0, 0))
     rows.sort(key=lambda r: r[0])
     return result(
         "ssissiiiissiiiiii",
@@ -323,14 +324,16 @@ def _pick(value: int | None, default: int) -> int:
 def show_users(view: PoolerView) -> ResultSet:
     settings = view.settings
     cfg = settings.pooler
-    clients_per_user = view.clients_per_user()
     rows = []
     for name in view.user_names():
         entry = settings.users.get(name)
         pool_size = "" if entry is None or entry.pool_size is None else str(entry.pool_size)
+        reserve = ("" if entry is None or entry.reserve_pool_size is None
+                   else str(entry.reserve_pool_size))
         max_conn = (entry and entry.max_user_connections) or cfg.max_user_connections
-        rows.append((name, pool_size, "", entry.pool_mode if entry else None, max_conn,
-                     view.servers_of_user(name), 0, clients_per_user.get(name, 0)))
+        rows.append((name, pool_size, reserve, entry.pool_mode if entry else None, max_conn,
+                     view.servers_of_user(name), settings.user_client_cap(name),
+                     view.clients_of_user(name)))
     return result(
         "ssssiiii",
         "name pool_size reserve_pool_size pool_mode max_user_connections current_connections "

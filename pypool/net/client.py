@@ -39,6 +39,7 @@ from ..protocol.framing import FramingError
 from ..protocol.startup import CancelRequest
 from .flow_control import ReadingSwitch
 from .socket_ids import socket_ids as _ids  # shared with the other side
+from .socket_options import tune_tcp
 
 if TYPE_CHECKING:
     from ..pooler import Pooler
@@ -130,10 +131,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self.peer = (str(peer[0]), int(peer[1]))
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
+            tune_tcp(sock, self.pooler.settings.pooler)  # TCP_NODELAY and the tcp_* keys
         elif sock is not None and sock.family == socket.AF_UNIX:
             self.peer = ("unix", self.pooler.settings.pooler.listen_port)
             try:

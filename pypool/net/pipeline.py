@@ -97,9 +97,9 @@ def may_serve_on(pooler: Pooler, server: ServerConnection) -> bool:
     (RECONNECT or a changed [databases] entry, server_lifetime over, database removed), or
     a line kept topped up under load would keep it from ever being free."""
     pool = server.pool
-    lifetime = pooler.settings.pooler.server_lifetime
+    lifetime = pool.limits.server_lifetime
     return not (pool.removed or (pool.close_needed and server in pool.close_needed)
-                or (lifetime and pooler.now() - server.connect_time > lifetime))
+                or pooler.now() - server.connect_time > lifetime)
 
 
 def join_open_line(pooler: Pooler, client: ClientConnection) -> bool:

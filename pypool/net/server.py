@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections import deque
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Final
@@ -30,6 +29,7 @@ from ..pooling.params import covers, set_statements
 from ..protocol import messages as m
 from .flow_control import ReadingSwitch
 from .socket_ids import socket_ids as _ids  # shared with the other side
+from .socket_options import tune_tcp
 
 if TYPE_CHECKING:
     from ..pooler import Pooler, ServerCredentials
@@ -131,8 +131,8 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
         sock = transport.get_extra_info("socket")
         if sock is not None:
+            tune_tcp(sock, self.pooler.settings.pooler)  # TCP_NODELAY and the tcp_* keys
             try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self.local_port = sock.getsockname()[1]
             except OSError:
                 pass

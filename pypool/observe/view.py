@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..pooling import stats as st
+from ..pooling.client_limits import ClientCounts
 from ..pooling.pool import Pool
 from ..settings import DatabaseEntry, Settings
 
@@ -112,6 +113,8 @@ class PoolerState(Protocol):
     def auth_query_secrets(self) -> Mapping[str, str]: ...
     @property
     def stats_periods(self) -> st.StatsPeriods: ...
+    @property
+    def client_counts(self) -> ClientCounts: ...
 
 
 def is_closed(connection: Any) -> bool:
@@ -307,6 +310,14 @@ class PoolerView:
             if client not in logging_in:
                 counts[client.user] = counts.get(client.user, 0) + 1
         return counts
+
+    def clients_of_database(self, name: str) -> int:
+        """Clients counted against `name`'s max_db_client_connections (logging in too)."""
+        return self._pooler.client_counts.per_database.get(name, 0)
+
+    def clients_of_user(self, name: str) -> int:
+        """Clients counted against `name`'s max_user_client_connections."""
+        return self._pooler.client_counts.per_user.get(name, 0)
 
     def client_count(self) -> int:
         """Every client connection, logging in or not (SHOW LISTS used_clients)."""

@@ -25,6 +25,7 @@ from ..protocol.errors import PoolerError
 
 if TYPE_CHECKING:
     from ..pooling.pool import Pool
+    from ..settings import UserEntry
     from .objects import Pooler
 
 log = logging.getLogger("pypool")
@@ -75,19 +76,23 @@ def sweep(pooler: Pooler) -> None:
         user_entry = pooler.settings.users.get(pool.user)
         xact_timeout = (user_entry and user_entry.transaction_timeout) or (
             cfg.transaction_timeout)
+        # [users] query_timeout and idle_transaction_timeout win over [pgbouncer]'s.
+        query_timeout = _user_value(user_entry, "query_timeout", cfg.query_timeout)
+        idle_xact_timeout = _user_value(user_entry, "idle_transaction_timeout",
+                                        cfg.idle_transaction_timeout)
         for server in list(pool.active):
             client = server.client
             if client is None:
                 continue
             if not client.ledger.idle():
-                if cfg.query_timeout and now - client.query_start > cfg.query_timeout:
+                if query_timeout and now - client.query_start > query_timeout:
                     server.close("query timeout")
                     pool.stats.count_error("query_timeout")
                     client.fail(PoolerError("query timeout"))
             elif (
-                cfg.idle_transaction_timeout
+                idle_xact_timeout
                 and client.tx_status != m.TX_IDLE
-                and now - client.state_since > cfg.idle_transaction_timeout
+                and now - client.state_since > idle_xact_timeout
             ):
                 server.close("idle transaction timeout")
                 pool.stats.count_error("idle_transaction_timeout")
@@ -106,7 +111,8 @@ def sweep(pooler: Pooler) -> None:
                 break
             idle_for = now - server.request_time
             if (cfg.server_idle_timeout and idle_for > cfg.server_idle_timeout) or (
-                cfg.server_lifetime and now - server.connect_time > cfg.server_lifetime
+                pool.limits.server_lifetime
+                and now - server.connect_time > pool.limits.server_lifetime
             ):
                 # Through the one close path: out of the idle stack at once, so it is
                 # never handed out while closing, and the count above sees it gone.
@@ -117,14 +123,23 @@ def sweep(pooler: Pooler) -> None:
             _drop_removed(pooler, pool)
             continue
         pooler.launch_servers(pool)
-    if cfg.client_idle_timeout:
+    users = pooler.settings.users
+    if cfg.client_idle_timeout or any(u.client_idle_timeout for u in users.values()):
         for client in list(pooler.clients):
-            if client.state is ClientState.IDLE and (
-                now - client.state_since > cfg.client_idle_timeout
+            idle_timeout = _user_value(users.get(client.user), "client_idle_timeout",
+                                       cfg.client_idle_timeout)
+            if idle_timeout and client.state is ClientState.IDLE and (
+                now - client.state_since > idle_timeout
             ):
                 if client.pool is not None:
                     client.pool.stats.count_error("client_idle_timeout")
                 client.fail(PoolerError("client_idle_timeout"))
+
+
+def _user_value(entry: UserEntry | None, key: str, default: float) -> float:
+    """A [users] timeout if that user sets it, else the [pgbouncer] one."""
+    value = getattr(entry, key) if entry is not None else None
+    return default if value is None else float(value)
 
 
 def _drop_removed(pooler: Pooler, pool: Pool) -> None:

@@ -48,7 +48,8 @@ async def start(pooler: Pooler) -> None:
             pooler.unix_socket = open_unix_socket(cfg.unix_socket_dir, cfg.listen_port,
                                                   cfg.unix_socket_mode, cfg.unix_socket_group)
         pooler.unix_listener = await pooler.loop.create_unix_server(
-            lambda: ClientConnection(pooler), sock=pooler.unix_socket.sock, backlog=2048
+            lambda: ClientConnection(pooler), sock=pooler.unix_socket.sock,
+            backlog=cfg.listen_backlog,
         )
     if cfg.metrics_port and pooler.serve_metrics is not None:  # first: up before clients
         pooler.metrics_servers = await pooler.serve_metrics(
@@ -66,7 +67,7 @@ async def start(pooler: Pooler) -> None:
             host,
             cfg.listen_port,
             reuse_port=cfg.so_reuseport or cfg.workers > 1,
-            backlog=2048,
+            backlog=cfg.listen_backlog,
         )
         pooler.listeners.append(server)
     log.info("listening on %s:%d; hot path: %s", cfg.listen_addr, cfg.listen_port,
@@ -129,6 +130,8 @@ def apply_settings(pooler: Pooler, new: Settings) -> None:
     if kept:
         new = dataclasses.replace(new, pooler=dataclasses.replace(new.pooler, **kept))
     pooler.settings = new
+    if new.pooler.verbose != old.pooler.verbose:  # SET verbose, or a reload changing it
+        logging.getLogger().setLevel(logging.DEBUG if new.pooler.verbose else logging.INFO)
     pooler.load_auth()
     for pool in list(pooler.pools.values()):
         entry = new.database(pool.database)

@@ -214,9 +214,10 @@ def server_available(pooler: Pooler, server: ServerConnection) -> None:
     if pool.being_canceled:
         pool.being_canceled.discard(server)
     now = pooler.now()
-    lifetime = pooler.settings.pooler.server_lifetime
+    # server_lifetime = 0: each server serves once (PgBouncer's meaning).
+    lifetime = server.pool.limits.server_lifetime
     if pool.paused or pool.close_needed or pool.removed or (
-        lifetime and now - server.connect_time > lifetime
+        now - server.connect_time > lifetime
         and server.state is not ServerState.LOGIN
     ):
         reason = _close_reason(pooler, server, now)
@@ -243,8 +244,8 @@ def _close_reason(pooler: Pooler, server: ServerConnection, now: float) -> str:
         return "database configuration changed"
     if pool.removed and not pool.clients:
         return "database removed"
-    lifetime = pooler.settings.pooler.server_lifetime
-    if lifetime and now - server.connect_time > lifetime and (
+    lifetime = server.pool.limits.server_lifetime
+    if now - server.connect_time > lifetime and (
         server.state is not ServerState.LOGIN
     ):
         return "server lifetime over"

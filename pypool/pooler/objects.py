@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import os
 import secrets
+import socket
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from ..net.client import ClientConnection
 from ..net.hooks import OpenConsole, ServeMetrics
 from ..net.server import ServerConnection, ServerLoginError
 from ..net.unix_socket import UnixSocket
+from ..pooling.client_limits import ClientCounts
 from ..pooling.pool import Pool, PoolLimits
 from ..pooling.prepared import Registry
 from ..pooling.stats import StatsPeriods
@@ -46,7 +48,8 @@ from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..settings import DatabaseEntry, Settings
-from . import cancel, hba_login, lifecycle, linking
+from . import auth_database, cancel, hba_login, lifecycle, linking
+from .host_lists import HostChooser
 
 log = logging.getLogger("pypool")
 
@@ -99,6 +102,8 @@ class Pooler:
         # databases, DISABLE; databases gone from the config whose clients are still here.
         self.paused_all = False
         self.suspended = False  # SUSPEND: paused_all too, shown as suspended (SHOW STATE)
+        self.client_counts = ClientCounts()  # max_db/user_client_connections
+        self.hosts = HostChooser()  # host=a,b lists and load_balance_hosts
         self.paused_dbs: set[str] = set()
         self.disabled_dbs: set[str] = set()
         self.retired: dict[str, DatabaseEntry] = {}
@@ -138,14 +143,19 @@ class Pooler:
         def pick(*values: int | str | None) -> int | str:
             return next(v for v in values if v is not None)
 
+        # As PgBouncer: a [users] size wins over the [databases] one, which wins over the
+        # [pgbouncer] default.
         return PoolLimits(
-            pool_size=int(pick(entry.pool_size, user_entry.pool_size if user_entry else None,
+            pool_size=int(pick(user_entry.pool_size if user_entry else None, entry.pool_size,
                                cfg.default_pool_size)),
             min_pool_size=int(pick(entry.min_pool_size, cfg.min_pool_size)),
-            reserve_pool_size=int(pick(entry.reserve_pool_size, cfg.reserve_pool_size)),
+            reserve_pool_size=int(pick(user_entry.reserve_pool_size if user_entry else None,
+                                       entry.reserve_pool_size, cfg.reserve_pool_size)),
             reserve_pool_timeout=cfg.reserve_pool_timeout,
             pool_mode=str(pick(user_entry.pool_mode if user_entry else None, entry.pool_mode,
                                cfg.pool_mode)),
+            server_lifetime=(cfg.server_lifetime if entry.server_lifetime is None
+                             else entry.server_lifetime),
         )
 
     def pool_for(self, database: str, user: str) -> Pool | None:
@@ -248,33 +258,44 @@ class Pooler:
             if value:
                 startup[name] = value
         server = ServerConnection(
-            self, pool, entry.host, entry.port, entry.server_dbname,
+            self, pool, self.hosts.pick(entry), entry.port, entry.server_dbname,
             self.credentials_for(entry, pool.user), startup,
         )
         pool.login.add(server)
         self.servers_per_db[pool.database] = self.servers_per_db.get(pool.database, 0) + 1
         self.servers_per_user[pool.user] = self.servers_per_user.get(pool.user, 0) + 1
-        self.spawn(self._connect(server))
+        self.spawn(self._connect(server, entry))
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _connect(self, server: ServerConnection) -> None:
+    async def _connect(self, server: ServerConnection, entry: DatabaseEntry) -> None:
         timeout = self.settings.pooler.server_connect_timeout or None
         try:
             async with asyncio.timeout(timeout):
-                await self.loop.create_connection(lambda: server, server.host, server.port)
+                transport, _ = await self.loop.create_connection(lambda: server, server.host,
+                                                                 server.port)
+                if self.settings.pooler.log_connections:
+                    local = transport.get_extra_info("sockname") or ("", 0)
+                    log.info("%r new connection to server (from %s:%s)", server, local[0],
+                             local[1])
+                self.hosts.connected(entry)
                 await server.ready
         except ServerLoginError as exc:
             self._login_failed(server, exc.args[0], exc.error)
         except (OSError, TimeoutError) as failure:  # own name: mypyc types `exc` above
+            if server.state is ServerState.CONNECTING and self.hosts.failed(entry):
+                # Another host of the list is next: close this one and open the next now.
+                self.server_closed(server, _connect_failure(failure))
+                return
             reason = "server connect timeout" if isinstance(failure, TimeoutError) else str(failure)
             text = f"server connection failed: {reason}"
             self._login_failed(server, text, m.error_response(text, "08006", "FATAL"))
 
     def _login_failed(self, server: ServerConnection, text: str, error: bytes) -> None:
+        """A server's connect or login failed: the pool's clients are told (see below)."""
         pool = server.pool
         log.warning("%r: server login failed: %s", server, text)
         pool.login_error = (error, self.now())
@@ -365,10 +386,12 @@ class Pooler:
             # and auth_file say (operators and PgBouncer's test suite log in so). Over TCP
             # the uid is unknown and `pgbouncer` is an ordinary user name.
             client.own_user = True
+            self.client_counts.admit(self.settings, client)
             if cfg.log_connections:
                 log.info("%r: pgbouncer access from unix socket", client)
             client.start_auth(None, "trust")
             return
+        self.client_counts.admit(self.settings, client)
         auth_type = cfg.auth_type
         if auth_type == "hba":  # the hba file picks the method for this client
             auth_type = hba_login.method_for(self.hba, client)
@@ -379,12 +402,15 @@ class Pooler:
             entry = self.settings.database(client.database)
             auth_user = (entry and entry.auth_user) or cfg.auth_user
             if entry is not None and auth_user:
-                self.spawn(self._auth_query(client, entry, auth_user, auth_type))
+                # auth_dbname: the connection auth_query runs on (pooler/auth_database.py).
+                via = auth_database.resolve(self.settings, self.disabled_dbs, entry, client)
+                query = entry.auth_query or cfg.auth_query
+                self.spawn(self._auth_query(client, via, auth_user, auth_type, query))
                 return
         client.start_auth(secret, auth_type)
 
     async def _auth_query(self, client: ClientConnection, entry: DatabaseEntry,
-                          auth_user: str, auth_type: str) -> None:
+                          auth_user: str, auth_type: str, query: str) -> None:
         from ..net.auth_query import run_auth_query
 
         secret = None
@@ -392,7 +418,7 @@ class Pooler:
             secret = await run_auth_query(
                 entry, auth_user, self.credentials_for(dataclasses.replace(entry, password=""),
                                                        auth_user),
-                self.settings.pooler.auth_query, client.user,
+                query, client.user,
             )
         except Exception as failure:  # noqa: BLE001 - any failure means "unknown user"
             log.warning("%r: auth_query failed: %s", client, failure)
@@ -464,6 +490,7 @@ class Pooler:
         client.on(ClientEvent.CLOSED)
         self.clients.discard(client)
         self.login_clients.discard(client)
+        self.client_counts.forget(client)
         self.cancel_keys.pop(client.cancel_key, None)
         pool = client.pool
         if pool is not None:
@@ -579,3 +606,12 @@ class Pooler:
 
     def shutdown(self, how: str) -> None:
         lifecycle.shutdown(self, how)
+
+
+def _connect_failure(failure: Exception) -> str:
+    """PgBouncer's words for a connect that failed before any byte was exchanged."""
+    if isinstance(failure, TimeoutError):
+        return "connect timeout"
+    if isinstance(failure, socket.gaierror):
+        return "server DNS lookup failed"
+    return "connect failed"

@@ -29,6 +29,7 @@ class PoolLimits:
     reserve_pool_size: int
     reserve_pool_timeout: float
     pool_mode: str
+    server_lifetime: float = 3600.0  # [databases] server_lifetime, else [pgbouncer]'s
 
 
 @dataclass

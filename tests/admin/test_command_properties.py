@@ -28,6 +28,7 @@ from pypool.admin.commands import AdminError, Done, InvalidCommand, WaitFor
 from pypool.admin.console import AdminSession
 from pypool.observe.view import PoolerView
 from pypool.pooling import stats as st_stats
+from pypool.pooling.client_limits import ClientCounts
 from pypool.settings import DatabaseEntry, PoolerSettings, Settings, parse_value
 
 pytestmark = pytest.mark.timeout(60)
@@ -56,6 +57,8 @@ class RecordingPooler:
         default_factory=lambda: st_stats.StatsPeriods(100.0)
     )
     shutting_down: str = ""
+    suspended: bool = False
+    client_counts: ClientCounts = field(default_factory=ClientCounts)
     calls: list[tuple[str, object]] = field(default_factory=list)
 
     def now(self) -> float:
@@ -224,12 +227,19 @@ def test_a_stats_user_changes_nothing(line: str) -> None:
 def test_show_is_the_same_however_it_is_spelled(
     what: str, mask: int, before: str, between: str, after: str, end: str, is_admin: bool
 ) -> None:
-    session, _ = console(is_admin=is_admin)
+    # SHOW FDS is an admin's only (PgBouncer: the fds carry cancel keys).
+    session, _ = console(is_admin=is_admin or what == "fds")
     canonical = session.dispatch(f"SHOW {what.upper()}")
     assert isinstance(canonical, bytes) and canonical  # a result set, CommandComplete last
     assert canonical.startswith((b"T", b"N"))
     line = f"{before}{random_case('show', mask)}{between}{random_case(what, mask >> 4)}{after}{end}"
     assert session.dispatch(line) == canonical
+
+
+def test_show_fds_needs_an_admin() -> None:
+    session, _ = console(is_admin=False)
+    with pytest.raises(AdminError, match="admin access needed"):
+        session.dispatch("SHOW FDS")
 
 
 @PROPERTY

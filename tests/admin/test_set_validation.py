@@ -44,7 +44,7 @@ def test_set_negative_pool_size_is_refused_and_clients_are_served(bouncer: Poole
         ("SET idle_transaction_timeout = 'soon'", "idle_transaction_timeout",
          "not a duration"),
         ("SET pool_mode = connection", "pool_mode", "must be one of"),
-        ("SET auth_type = hba", "auth_type", "not supported yet"),
+        ("SET auth_type = cert", "auth_type", "not supported yet"),
         ("SET max_prepared_statements = '1.5'", "max_prepared_statements", "not an integer"),
         ("SET client_tls_sslmode = 'verify-full'", "client_tls_sslmode",
          "key client_tls_sslmode is not supported yet"),

@@ -1,0 +1,36 @@
+"""The [pgbouncer] tcp_* keys, applied to each TCP socket the pooler opens or accepts.
+
+tcp_keepalive (with tcp_keepcnt, tcp_keepidle, tcp_keepintvl), tcp_user_timeout (in
+milliseconds) and tcp_socket_buffer (send and receive buffers), as PgBouncer's tune_socket
+sets them; 0 leaves the kernel's default. An option the platform lacks is skipped, and a
+failing setsockopt never fails the connection.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..settings import PoolerSettings
+
+
+def tune_tcp(sock: Any, cfg: PoolerSettings) -> None:
+    """Set TCP_NODELAY and the tcp_* options on `sock`, a connected TCP socket."""
+    options: list[tuple[int, int, int]] = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+    options.append((socket.SOL_SOCKET, socket.SO_KEEPALIVE, int(cfg.tcp_keepalive)))
+    if cfg.tcp_keepalive:
+        for name, value in (("TCP_KEEPCNT", cfg.tcp_keepcnt), ("TCP_KEEPIDLE", cfg.tcp_keepidle),
+                            ("TCP_KEEPINTVL", cfg.tcp_keepintvl)):
+            if value and hasattr(socket, name):
+                options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    if cfg.tcp_user_timeout and hasattr(socket, "TCP_USER_TIMEOUT"):
+        options.append((socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, cfg.tcp_user_timeout))
+    if cfg.tcp_socket_buffer:
+        options.append((socket.SOL_SOCKET, socket.SO_SNDBUF, cfg.tcp_socket_buffer))
+        options.append((socket.SOL_SOCKET, socket.SO_RCVBUF, cfg.tcp_socket_buffer))
+    for level, option, value in options:
+        try:
+            sock.setsockopt(level, option, value)
+        except OSError:
+            pass
