@@ -1,0 +1,251 @@
+"""PgBouncer's per-database, per-user and client-cap keys against a real pypool and
+PostgreSQL: max_db_client_connections and max_user_client_connections (global, [databases],
+[users]), [users] pool_size and reserve_pool_size over [databases], [users] timeouts,
+[databases] server_lifetime and `reserve_pool`, host lists with load_balance_hosts, and
+auth_dbname."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from pypool.embedded import EmbeddedPostgres
+from tests.conftest import (
+    ADMIN_PASSWORD,
+    ADMIN_USER,
+    APP_USER,
+    Pooler,
+    PoolerFactory,
+    server_connections,
+)
+from tests.integration.app_client import connect
+from tests.integration.polling import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def show(p: Pooler, what: str) -> list[dict[str, Any]]:
+    with connect(p.dsn("pgbouncer", ADMIN_USER, ADMIN_PASSWORD)) as admin:
+        cur = admin.execute(f"SHOW {what}")
+        assert cur.description is not None
+        names = [c.name for c in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def row(p: Pooler, what: str, name: str) -> dict[str, Any]:
+    return next(r for r in show(p, what) if r["name"] == name)
+
+
+def server(postgres: EmbeddedPostgres, **extra: str) -> str:
+    tail = "".join(f" {key}={value}" for key, value in extra.items())
+    return f"host={postgres.host} port={postgres.port} dbname=app{tail}"
+
+
+# --- client caps -----------------------------------------------------------------------------
+
+
+def test_a_database_client_cap_counts_logins_and_refuses_the_next(
+    pooler: PoolerFactory, postgres: EmbeddedPostgres
+) -> None:
+    p = pooler(databases={"app": server(postgres, max_db_client_connections="2"),
+                          "other": server(postgres)})
+    first, second = connect(p.dsn()), connect(p.dsn())
+    try:
+        info = row(p, "DATABASES", "app")
+        assert (info["current_client_connections"], info["max_client_connections"]) == (2, 2)
+        with pytest.raises(psycopg.OperationalError,
+                           match=r"client connections exceeded \(max_db_client_connections\)"):
+            connect(p.dsn())
+        with connect(p.dsn("other")) as conn:  # another database is not capped
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        first.close()
+    # One left: there is room again.
+    with connect(p.dsn()) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    second.close()
+    assert wait_for(lambda: row(p, "DATABASES", "app")["current_client_connections"] == 0, 5)
+
+
+def test_the_global_cap_set_live_and_the_console_stays_open_to_admins(
+    pooler: PoolerFactory
+) -> None:
+    p = pooler()
+    with connect(p.dsn("pgbouncer", ADMIN_USER, ADMIN_PASSWORD)) as admin:
+        admin.execute("SET max_db_client_connections = 1")
+        admin.execute("SET max_user_client_connections = 1")
+        # The admin is the console's first client; a second admin session still gets in.
+        with connect(p.dsn("pgbouncer", ADMIN_USER, ADMIN_PASSWORD)) as again:
+            assert again.execute("SHOW VERSION").fetchone() is not None
+        with connect(p.dsn()) as one:
+            with pytest.raises(psycopg.OperationalError,
+                               match=r"max_(db|user)_client_connections"):
+                connect(p.dsn())
+            assert one.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_user_cap_from_users_wins_over_the_global_one(pooler: PoolerFactory) -> None:
+    p = pooler(ini_overrides={"max_user_client_connections": "1"},
+               extra_sections=f"[users]\n{APP_USER} = max_user_client_connections=2\n")
+    first, second = connect(p.dsn()), connect(p.dsn("postgres"))  # across databases
+    try:
+        info = next(r for r in show(p, "USERS") if r["name"] == APP_USER)
+        assert (info["current_client_connections"], info["max_user_client_connections"]) == (
+            2, 2)
+        with pytest.raises(psycopg.OperationalError,
+                           match=r"client connections exceeded \(max_user_client_connections\)"):
+            connect(p.dsn())
+    finally:
+        first.close()
+        second.close()
+
+
+# --- sizes: [users] over [databases] -----------------------------------------------------------
+
+
+def test_users_pool_size_wins_over_the_database_one(
+    pooler: PoolerFactory, postgres: EmbeddedPostgres
+) -> None:
+    p = pooler(databases={"app": server(postgres, pool_size="3")},
+               extra_sections=f"[users]\n{APP_USER} = pool_size=1 reserve_pool_size=0\n")
+    user = next(r for r in show(p, "USERS") if r["name"] == APP_USER)
+    assert (user["pool_size"], user["reserve_pool_size"]) == ("1", "0")
+    holder = connect(p.dsn())
+    holder.execute("BEGIN")
+    holder.execute("SELECT 1")  # holds the pool's one server
+    done: list[object] = []
+
+    def wait_in_line() -> None:
+        with connect(p.dsn()) as conn:
+            done.append(conn.execute("SELECT 2").fetchone())
+
+    waiter = threading.Thread(target=wait_in_line)
+    waiter.start()
+    try:
+        def pool() -> dict[str, Any]:
+            return next(r for r in show(p, "POOLS") if r["database"] == "app")
+        assert wait_for(lambda: pool()["cl_waiting"] == 1, 5), pool()
+        assert pool()["sv_active"] == 1 and server_connections(postgres) == 1
+    finally:
+        holder.execute("COMMIT")
+        waiter.join(10)
+        holder.close()
+    assert done == [(2,)]
+
+
+def test_reserve_pool_is_the_old_name_of_reserve_pool_size(
+    pooler: PoolerFactory, postgres: EmbeddedPostgres
+) -> None:
+    p = pooler(databases={"app": server(postgres, pool_size="1", reserve_pool="2")})
+    assert row(p, "DATABASES", "app")["reserve_pool_size"] == 2
+
+
+# --- timeouts and lifetimes ------------------------------------------------------------------
+
+
+def test_users_query_timeout_applies_to_that_user_only(pooler: PoolerFactory) -> None:
+    p = pooler(extra_sections=f"[users]\n{APP_USER} = query_timeout=1\n")
+    with connect(p.dsn()) as conn:
+        with pytest.raises(psycopg.OperationalError, match="query timeout"):
+            conn.execute("SELECT pg_sleep(3)")
+    with connect(p.dsn("app", ADMIN_USER, ADMIN_PASSWORD)) as other:
+        assert other.execute("SELECT pg_sleep(1.5), 1").fetchone() == ("", 1)
+
+
+def test_users_idle_transaction_and_client_idle_timeouts(pooler: PoolerFactory) -> None:
+    p = pooler(extra_sections=f"[users]\n{APP_USER} = idle_transaction_timeout=1\n"
+                              f"{ADMIN_USER} = client_idle_timeout=1\n")
+    with connect(p.dsn()) as conn:
+        conn.execute("BEGIN")
+        time.sleep(2.5)
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("SELECT 1")
+    with connect(p.dsn("app", ADMIN_USER, ADMIN_PASSWORD)) as idle:
+        time.sleep(2.5)
+        with pytest.raises(psycopg.OperationalError):
+            idle.execute("SELECT 1")
+    assert "idle transaction timeout" in p.log()
+    assert "client_idle_timeout" in p.log()
+
+
+def test_a_databases_server_lifetime_zero_serves_once(
+    pooler: PoolerFactory, postgres: EmbeddedPostgres
+) -> None:
+    p = pooler(databases={"app": server(postgres, server_lifetime="0")})
+    pids = set()
+    for _ in range(3):
+        with connect(p.dsn()) as conn:
+            pids.add(conn.execute("SELECT pg_backend_pid()").fetchone())
+    assert len(pids) == 3
+    assert row(p, "DATABASES", "app")["server_lifetime"] == 0
+
+
+# --- host lists ---------------------------------------------------------------------------
+
+
+def test_a_host_list_skips_a_host_that_does_not_resolve(
+    pooler: PoolerFactory, postgres: EmbeddedPostgres
+) -> None:
+    p = pooler(databases={"app": f"host=no-such-host.invalid,{postgres.host} "
+                                 f"port={postgres.port} dbname=app load_balance_hosts=disable"})
+    with connect(p.dsn()) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    log = p.log()
+    assert "closing because: server DNS lookup failed" in log
+    assert f"@{postgres.host}:{postgres.port} new connection to server (from" in log
+    assert row(p, "DATABASES", "app")["load_balance_hosts"] == "disable"
+
+
+def test_round_robin_spreads_new_servers_over_the_list(
+    pooler: PoolerFactory, postgres: EmbeddedPostgres
+) -> None:
+    # Two spellings of the same server: each new server goes to the next one.
+    p = pooler(databases={"app": f"host=127.0.0.1,localhost port={postgres.port} dbname=app"})
+    conns = [connect(p.dsn()) for _ in range(2)]
+    try:
+        for conn in conns:
+            conn.execute("BEGIN")
+            conn.execute("SELECT 1")
+        servers = {r["addr"] for r in show(p, "SERVERS") if r["database"] == "app"}
+        assert servers == {"127.0.0.1", "localhost"}
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+# --- auth_dbname ------------------------------------------------------------------------------
+
+
+def test_auth_dbname_runs_auth_query_through_another_entry(
+    pooler: PoolerFactory, postgres: EmbeddedPostgres
+) -> None:
+    # APP_USER is not in the auth_file: auth_query, as ADMIN_USER, finds its verifier, over
+    # the `authdb` entry's connection (the `app` entry names a port nothing listens on
+    # for auth_query: only its servers would use it, and they use authdb's credentials).
+    p = pooler(
+        databases={"app": server(postgres), "authdb": f"host={postgres.host} "
+                   f"port={postgres.port} dbname=postgres"},
+        userlist={ADMIN_USER: ADMIN_PASSWORD},
+        ini_overrides={"auth_user": ADMIN_USER, "auth_dbname": "authdb"},
+    )
+    with connect(p.dsn()) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == (APP_USER,)
+    with connect(p.dsn("pgbouncer", ADMIN_USER, ADMIN_PASSWORD)) as admin:
+        admin.execute("SET auth_dbname = 'nowhere'")
+    with pytest.raises(psycopg.OperationalError, match="bouncer config error"):
+        connect(p.dsn())
+    assert 'authentication database "nowhere" is not configured' in p.log()
+
+
+def test_auth_dbname_pgbouncer_is_refused_at_start(pooler: PoolerFactory, tmp_path: Any) -> None:
+    from tests.integration.test_unix_socket import run_pypool
+
+    ini = tmp_path / "reserved.ini"
+    ini.write_text("[databases]\n[pgbouncer]\nlisten_port = 6998\nauth_dbname = pgbouncer\n")
+    done = run_pypool(ini)
+    assert done.returncode == 2
+    assert 'cannot use the reserved "pgbouncer" database as an auth_dbname' in done.stderr
