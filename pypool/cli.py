@@ -204,8 +204,9 @@ def _fork_workers(share: Settings, workers: int, unix: UnixSocket | None) -> Non
                 continue
 
 
-def prepare_process(args: argparse.Namespace, settings: Settings, embedded: bool) -> None:
-    """-R, -u, the pidfile and -d, in PgBouncer's order, before anything is bound."""
+def prepare_process(args: argparse.Namespace, settings: Settings, embedded: bool) -> bool:
+    """-R, -u, the pidfile and -d, in PgBouncer's order, before anything is bound. True
+    when a stale pidfile was removed (logged once logging is set up)."""
     if args.reboot:
         raise StartError("-R/--reboot (online restart taking over the sockets) is not "
                          "supported: stop pypool (SIGINT or SIGTERM drain it) and start it "
@@ -214,11 +215,12 @@ def prepare_process(args: argparse.Namespace, settings: Settings, embedded: bool
     if user:
         switch_user(user)
     pidfile = settings.pooler.pidfile
-    check_pidfile(pidfile)
+    stale = check_pidfile(pidfile)
     if args.daemon:
         if embedded:
             raise StartError("--daemon needs an ini file with pidfile set, not the quick start")
         daemonize(pidfile)
+    return stale
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,13 +246,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pypool: {exc}", file=sys.stderr)
         return 2
     try:
-        prepare_process(args, settings, embedded is not None)
+        stale_pidfile = prepare_process(args, settings, embedded is not None)
     except StartError as exc:
         print(f"pypool: {exc}", file=sys.stderr)
         if embedded is not None:
             embedded.stop()
         return 1
     setup_logging(settings, args.verbose or settings.pooler.verbose, args.quiet or args.daemon)
+    if stale_pidfile:
+        log.info("stale pidfile, removing")
     if embedded is not None:
         user = embedded.superuser
         url = (

@@ -10,25 +10,23 @@ text is one line the operator can act on; cli.py prints it and exits 1.
 
 from __future__ import annotations
 
-import logging
 import os
-
-log = logging.getLogger("pypool")
 
 
 class StartError(Exception):
     """pypool cannot start as asked; the message says why, in one line."""
 
 
-def check_pidfile(path: str) -> None:
-    """Refuse to start while the pid in `path` is alive; remove a stale pidfile."""
+def check_pidfile(path: str) -> bool:
+    """Refuse to start while the pid in `path` is alive; remove a stale pidfile (True: one
+    was removed, for the log once it is set up)."""
     if not path:
-        return
+        return False
     try:
         with open(path) as fh:
             text = fh.read(128)
     except FileNotFoundError:
-        return
+        return False
     except OSError as exc:
         raise StartError(f"could not read pidfile '{path}': {exc.strerror}") from None
     try:
@@ -39,12 +37,11 @@ def check_pidfile(path: str) -> None:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            log.info("stale pidfile, removing")
             try:
                 os.unlink(path)
             except OSError as exc:
                 raise StartError(f"could not remove stale pidfile: {exc.strerror}") from None
-            return
+            return True
         except PermissionError:
             pass  # alive, someone else's
     raise StartError(f"pidfile '{path}' exists, another instance running?")

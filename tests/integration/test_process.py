@@ -1,0 +1,149 @@
+"""The process as PgBouncer's init scripts and test suite drive it: --quiet keeps the
+logfile, -d detaches and writes the pidfile, a live pidfile stops a second start, a stale one
+is removed, -R is refused with a message, and --version is SHOW VERSION's line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pypool.embedded import EmbeddedPostgres, free_port
+from tests.conftest import APP_PASSWORD, APP_USER, REPO_ROOT
+from tests.integration.app_client import connect
+from tests.integration.polling import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def pypool(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "pypool", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+
+
+def write_ini(tmp_path: Path, postgres: EmbeddedPostgres, **keys: str) -> tuple[Path, int]:
+    port = free_port()
+    userlist = tmp_path / "userlist.txt"
+    userlist.write_text(f'"{APP_USER}" "{APP_PASSWORD}"\n')
+    lines = [f"{k} = {v}" for k, v in {"listen_port": str(port), "auth_type": "scram-sha-256",
+                                       "auth_file": str(userlist),
+                                       "unix_socket_dir": str(tmp_path), **keys}.items()]
+    ini = tmp_path / "pgbouncer.ini"
+    ini.write_text(f"[databases]\napp = host={postgres.host} port={postgres.port} dbname=app\n"
+                   "[pgbouncer]\n" + "\n".join(lines) + "\n")
+    return ini, port
+
+
+def dsn(port: int) -> str:
+    return f"postgresql://{APP_USER}:{APP_PASSWORD}@127.0.0.1:{port}/app"
+
+
+def serves(port: int) -> bool:
+    try:
+        with connect(dsn(port)) as conn:
+            return conn.execute("SELECT 1").fetchone() == (1,)
+    except psycopg.OperationalError:
+        return False
+
+
+def test_quiet_silences_stderr_but_not_the_logfile(
+    postgres: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    log = tmp_path / "pypool.log"
+    ini, port = write_ini(tmp_path, postgres, logfile=str(log))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "pypool", "--quiet", str(ini)], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        assert wait_for(lambda: serves(port), 15)
+    finally:
+        proc.send_signal(signal.SIGQUIT)
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    assert out == b"" and err == b""
+    text = log.read_text()
+    assert "login attempt: db=app user=app" in text  # INFO lines are kept
+    assert "new connection to server (from 127.0.0.1:" in text
+
+
+def test_daemon_detaches_writes_the_pidfile_and_quit_removes_it(
+    postgres: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pypool.pid"
+    ini, port = write_ini(tmp_path, postgres, pidfile=str(pidfile),
+                          logfile=str(tmp_path / "pypool.log"))
+    done = pypool("-d", str(ini))
+    assert done.returncode == 0, done.stderr
+    assert wait_for(pidfile.exists, 10)
+    pid = int(pidfile.read_text())
+    try:
+        assert wait_for(lambda: serves(port), 15)
+        assert os.getsid(pid) != os.getsid(0)  # a session of its own, away from ours
+        # A second start sees the live pid and refuses before binding anything.
+        again = pypool(str(ini))
+        assert again.returncode == 1
+        assert f"pidfile '{pidfile}' exists, another instance running?" in again.stderr
+    finally:
+        os.kill(pid, signal.SIGQUIT)
+    assert wait_for(lambda: not pidfile.exists(), 10)
+    assert wait_for(lambda: not Path(f"/proc/{pid}").exists(), 10)
+
+
+def test_daemon_needs_a_pidfile(postgres: EmbeddedPostgres, tmp_path: Path) -> None:
+    ini, _ = write_ini(tmp_path, postgres)
+    done = pypool("--daemon", str(ini))
+    assert done.returncode == 1
+    assert "daemon needs pidfile configured" in done.stderr
+
+
+def test_a_stale_pidfile_is_removed(postgres: EmbeddedPostgres, tmp_path: Path) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    pidfile = tmp_path / "pypool.pid"
+    pidfile.write_text(f"{dead.pid}\n")
+    ini, port = write_ini(tmp_path, postgres, pidfile=str(pidfile))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "pypool", str(ini)], env=env,
+                            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert wait_for(lambda: serves(port), 15)
+        assert int(pidfile.read_text()) == proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    assert b"stale pidfile, removing" in err
+    assert not pidfile.exists()
+
+
+def test_reboot_is_refused_with_a_message(postgres: EmbeddedPostgres, tmp_path: Path) -> None:
+    ini, port = write_ini(tmp_path, postgres)
+    done = pypool("-R", str(ini))
+    assert done.returncode == 1
+    assert "--reboot" in done.stderr and "not supported" in done.stderr
+    time.sleep(0.2)
+    assert not serves(port)
+
+
+def test_version_is_the_console_version_line(postgres: EmbeddedPostgres,
+                                             tmp_path: Path) -> None:
+    printed = pypool("-V").stdout.strip()
+    assert printed.startswith("PgBouncer 1.24.1 (pypool ")
+    ini, port = write_ini(tmp_path, postgres, admin_users=APP_USER)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "pypool", "-q", str(ini)], env=env,
+                            stdin=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: serves(port), 15)
+        with connect(f"postgresql://{APP_USER}:{APP_PASSWORD}@127.0.0.1:{port}/pgbouncer") as c:
+            assert c.execute("SHOW VERSION").fetchone() == (printed,)
+    finally:
+        proc.send_signal(signal.SIGQUIT)
+        proc.wait(10)
