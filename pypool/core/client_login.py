@@ -56,6 +56,7 @@ from ..protocol.startup import (
     parse_startup_packet,
     startup_packet_size,
 )
+from ..protocol.startup_options import OptionsError, parse_options
 
 # Startup parameters that are not session settings and need no tracking.
 _PLAIN_STARTUP_KEYS: Final = frozenset({"user", "database", "replication"})
@@ -124,14 +125,41 @@ def tracked_parameters(params: dict[str, str], track_extra: tuple[str, ...],
     """The session parameters a StartupMessage sets, by their ParameterStatus names; an
     unknown one that ignore_startup_parameters does not list fails the login."""
     tracked: dict[str, str] = {}
+    ignored_lower = {k.lower() for k in ignored}
     for key, value in params.items():
         if key in _PLAIN_STARTUP_KEYS:
+            continue
+        if key == "options":
+            # `-c name=value` settings, each taken as a startup parameter of its own
+            # (protocol/startup_options.py); the rest of the string is refused.
+            tracked.update(_options_settings(value, track_extra, ignored_lower))
             continue
         name = canonical_name(key, track_extra)
         if name is not None:
             tracked[name] = value
-        elif key.lower() not in {k.lower() for k in ignored}:
+        elif key.lower() not in ignored_lower:
             raise PoolerError(f"unsupported startup parameter: {key}")
+    return tracked
+
+
+def _options_settings(text: str, track_extra: tuple[str, ...],
+                      ignored_lower: set[str]) -> dict[str, str]:
+    """The tracked settings of an `options` string. With `options` itself in
+    ignore_startup_parameters, what pypool cannot track (or parse) is dropped, not refused."""
+    lenient = "options" in ignored_lower
+    try:
+        settings = parse_options(text)
+    except OptionsError as bad:
+        if lenient:
+            return {}
+        raise PoolerError(str(bad)) from None
+    tracked: dict[str, str] = {}
+    for key, value in settings:
+        name = canonical_name(key, track_extra)
+        if name is not None:
+            tracked[name] = value
+        elif key.lower() not in ignored_lower and not lenient:
+            raise PoolerError(f"unsupported startup parameter in options: {key}")
     return tracked
 
 

@@ -249,3 +249,20 @@ def test_auth_dbname_pgbouncer_is_refused_at_start(pooler: PoolerFactory, tmp_pa
     done = run_pypool(ini)
     assert done.returncode == 2
     assert 'cannot use the reserved "pgbouncer" database as an auth_dbname' in done.stderr
+
+
+# --- the `options` startup parameter ---------------------------------------------------------
+
+
+def test_options_settings_reach_the_server_and_others_are_refused(pooler: PoolerFactory) -> None:
+    p = pooler(ini_overrides={"pool_mode": "transaction", "default_pool_size": "1"})
+    with connect(p.dsn(), options="-c DateStyle=German,\\ YMD --timezone=Portugal") as conn:
+        assert conn.execute("SHOW DateStyle").fetchone() == ("German, YMD",)
+        assert conn.execute("SHOW TimeZone").fetchone() == ("Portugal",)
+    with connect(p.dsn()) as plain:  # the same server, given back as it was
+        assert plain.execute("SHOW DateStyle").fetchone() != ("German, YMD",)
+    with pytest.raises(psycopg.OperationalError,
+                       match="unsupported startup parameter in options: work_mem"):
+        connect(p.dsn(), options="-c work_mem=1MB")
+    with pytest.raises(psycopg.OperationalError, match="only '-c config=val'"):
+        connect(p.dsn(), options="-d 5")
