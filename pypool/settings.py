@@ -664,9 +664,9 @@ def from_url(url: str, listen_port: int = 6432) -> Settings:
         admin_users=(user,),
         max_client_conn=10000,
     )
-    return Settings(
-        pooler=pooler, databases={dbname: entry}, inline_users={user: password} if password else {}
-    )
+    # Without a password the pooler trusts the URL's user, and only it: trust needs a user
+    # the pooler knows.
+    return Settings(pooler=pooler, databases={dbname: entry}, inline_users={user: password})
 
 
 def worker_share(settings: Settings, workers: int) -> Settings:

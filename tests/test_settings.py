@@ -395,7 +395,7 @@ def test_from_url_defaults() -> None:
     assert list(settings.databases) == ["bob"]  # dbname defaults to the user
     assert settings.databases["bob"].port == 5432
     assert settings.pooler.auth_type == "trust"  # no password: nothing to check
-    assert settings.inline_users == {}
+    assert settings.inline_users == {"bob": ""}  # trust lets in known users only: this one
 
 
 @pytest.mark.parametrize("url", ["mysql://x@y/z", "http://x", "just-a-string"])

@@ -105,6 +105,7 @@ class AdminSession:
     def _answer_queued(self) -> None:
         while self._queries and self._waiting is None and self._open:
             sql = self._queries.popleft()
+            self.pooler.console_queries += 1  # SHOW STATS' pgbouncer row, SHOW TOTALS
             self.client.ledger.ready()  # answered here, not by a server
             self._answer(sql)
 

@@ -121,8 +121,13 @@ def _by_database(view: PoolerView) -> list[tuple[str, list[PoolInfo]]]:
     return sorted(groups.items())
 
 
-def _database_totals(pools: Sequence[PoolInfo]) -> st.Totals:
-    return st.add(pool.totals for pool in pools)
+def _database_totals(pools: Sequence[PoolInfo], view: PoolerView | None = None,
+                     database: str = "") -> st.Totals:
+    """A database's counters; the console's own (`view` given) for the console database."""
+    totals = st.add(pool.totals for pool in pools)
+    if view is not None and database == ADMIN_DB:
+        totals = st.add([totals, view.console_totals()])
+    return totals
 
 
 _STAT_COLUMNS = ("server_assignment_count xact_count query_count {received} {sent} xact_time "
@@ -131,7 +136,7 @@ _STAT_COLUMNS = ("server_assignment_count xact_count query_count {received} {sen
 
 
 def show_stats(view: PoolerView) -> ResultSet:
-    rows = [(db, *_database_totals(pools), *view.averages(pools))
+    rows = [(db, *_database_totals(pools, view, db), *view.averages(pools))
             for db, pools in _by_database(view)]
     totals = _STAT_COLUMNS.format(received="received", sent="sent", parse="")
     avgs = _STAT_COLUMNS.format(received="recv", sent="sent", parse="")
@@ -141,7 +146,7 @@ def show_stats(view: PoolerView) -> ResultSet:
 
 
 def show_stats_totals(view: PoolerView) -> ResultSet:
-    rows = [(db, *_database_totals(pools)) for db, pools in _by_database(view)]
+    rows = [(db, *_database_totals(pools, view, db)) for db, pools in _by_database(view)]
     columns = _STAT_COLUMNS.format(received="bytes_received", sent="bytes_sent", parse="")
     return result("s" + "N" * 11, "database " + columns, rows)
 
@@ -160,7 +165,7 @@ _TOTALS_NAMES = ("server_assignment_count", "xact_count", "query_count", "client
 
 def show_totals(view: PoolerView) -> ResultSet:
     pools = view.pools()
-    total = _database_totals(pools)
+    total = st.add([_database_totals(pools), view.console_totals()])
     avg = view.averages(pools)
     rows = [("total_" + name, value) for name, value in zip(_TOTALS_NAMES, total, strict=True)]
     rows += [("avg_" + name, value) for name, value in zip(_TOTALS_NAMES, avg, strict=True)]

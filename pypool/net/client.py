@@ -188,9 +188,19 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         if self.pooler.settings.pooler.log_pooler_errors:
             log.log(level, "%r: pooler error: %s (%s)", self, exc.message, exc.sqlstate)
         severity = "FATAL" if exc.fatal else "ERROR"
-        self.write(m.error_response(exc.message, exc.sqlstate, severity))
-        if exc.fatal:
-            self.close(exc.message)
+        error = m.error_response(exc.message, exc.sqlstate, severity)
+        if not exc.fatal:
+            self.write(error)
+            return
+        if self.state is ClientState.CLOSED:
+            return
+        # Closed (and its "closing because" logged) before the error goes out, as PgBouncer
+        # logs it: whoever reads the error and then the log finds the line there.
+        transport = self.transport
+        self.pooler.client_closed(self, exc.message)
+        if transport is not None:
+            transport.write(error)
+            transport.close()
 
     def close(self, reason: str) -> None:
         if self.state is ClientState.CLOSED:

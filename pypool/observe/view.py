@@ -115,6 +115,8 @@ class PoolerState(Protocol):
     def stats_periods(self) -> st.StatsPeriods: ...
     @property
     def client_counts(self) -> ClientCounts: ...
+    @property
+    def console_queries(self) -> int: ...
 
 
 def is_closed(connection: Any) -> bool:
@@ -377,6 +379,13 @@ class PoolerView:
         wall = _wall_offset(now)
         return [_client(c, "(nodb)", now, wall)
                 for c in sorted(pooler.login_clients, key=lambda c: c.id)]
+
+    def console_totals(self) -> st.Totals:
+        """The console database's counters: each console query is a transaction and a
+        query, as PgBouncer counts its admin pool; nothing else is counted there."""
+        queries = self._pooler.console_queries
+        return tuple(queries if name in ("xact_count", "query_count") else 0
+                     for name in st.COUNTERS)
 
     def console_client_count(self) -> int:
         return sum(1 for c in self._pooler.clients if c.admin is not None)

@@ -103,6 +103,7 @@ class Pooler:
         self.paused_all = False
         self.suspended = False  # SUSPEND: paused_all too, shown as suspended (SHOW STATE)
         self.client_counts = ClientCounts()  # max_db/user_client_connections
+        self.console_queries = 0  # the console's own xact_count and query_count (SHOW STATS)
         self.hosts = HostChooser()  # host=a,b lists and load_balance_hosts
         self.paused_dbs: set[str] = set()
         self.disabled_dbs: set[str] = set()
@@ -249,6 +250,8 @@ class Pooler:
         return True
 
     def _open_server(self, pool: Pool, entry: DatabaseEntry) -> None:
+        if pool.server_count >= pool.limits.pool_size and pool.waiting:
+            log.info("%s/%s: taking connection from reserve_pool", pool.database, pool.user)
         startup: dict[str, str] = {}
         if entry.application_name:
             startup["application_name"] = entry.application_name
@@ -396,9 +399,7 @@ class Pooler:
         if auth_type == "hba":  # the hba file picks the method for this client
             auth_type = hba_login.method_for(self.hba, client)
         secret = self.auth_secrets.get(client.user)
-        if secret is None and client.database not in ADMIN_DATABASES and auth_type not in (
-            "trust", "any"
-        ):
+        if secret is None and client.database not in ADMIN_DATABASES and auth_type != "any":
             entry = self.settings.database(client.database)
             auth_user = (entry and entry.auth_user) or cfg.auth_user
             if entry is not None and auth_user:
@@ -407,7 +408,7 @@ class Pooler:
                 query = entry.auth_query or cfg.auth_query
                 self.spawn(self._auth_query(client, via, auth_user, auth_type, query))
                 return
-        client.start_auth(secret, auth_type)
+        _start_auth(client, secret, auth_type)
 
     async def _auth_query(self, client: ClientConnection, entry: DatabaseEntry,
                           auth_user: str, auth_type: str, query: str) -> None:
@@ -426,7 +427,7 @@ class Pooler:
             self.auth_query_secrets[client.user] = secret
         if client.state is ClientState.STARTUP:
             try:
-                client.start_auth(secret, auth_type)
+                _start_auth(client, secret, auth_type)
             except PoolerError as exc:
                 client.fail(exc)
 
@@ -606,6 +607,13 @@ class Pooler:
 
     def shutdown(self, how: str) -> None:
         lifecycle.shutdown(self, how)
+
+
+def _start_auth(client: ClientConnection, secret: str | None, auth_type: str) -> None:
+    """As PgBouncer: trust lets in only users the pooler knows (auth_file, auth_query)."""
+    if auth_type == "trust" and secret is None:
+        raise PoolerError('"trust" authentication failed', side=errors.Side.CLIENT)
+    client.start_auth(secret, auth_type)
 
 
 def _connect_failure(failure: Exception) -> str:

@@ -94,3 +94,19 @@ def test_suspend_refuses_arguments_and_paused_databases(bouncer: Pooler) -> None
                            match="cannot suspend with paused databases"):
             admin.execute("SUSPEND")
         admin.execute("RESUME app")
+
+
+def test_console_queries_count_in_the_pgbouncer_row_and_the_totals(bouncer: Pooler) -> None:
+    with console(bouncer) as admin:
+        def console_row() -> dict[str, object]:
+            return next(r for r in show(admin, "STATS") if r["database"] == "pgbouncer")
+
+        before = console_row()
+        admin.execute("SHOW VERSION")
+        admin.execute("SHOW LISTS")
+        after = console_row()
+        # The two SHOWs and the SHOW STATS that read the row (each counted as it arrives).
+        assert after["total_query_count"] - before["total_query_count"] == 3
+        assert after["total_xact_count"] - before["total_xact_count"] == 3
+        totals = {r["name"]: r["value"] for r in show(admin, "TOTALS")}
+        assert totals["total_query_count"] >= after["total_query_count"] + 1

@@ -266,3 +266,30 @@ def test_options_settings_reach_the_server_and_others_are_refused(pooler: Pooler
         connect(p.dsn(), options="-c work_mem=1MB")
     with pytest.raises(psycopg.OperationalError, match="only '-c config=val'"):
         connect(p.dsn(), options="-d 5")
+
+
+# --- trust and the reserve pool, as PgBouncer logs and refuses them ---------------------------
+
+
+def test_trust_lets_in_known_users_only(pooler: PoolerFactory) -> None:
+    p = pooler(ini_overrides={"auth_type": "trust"})
+    with connect(p.dsn()) as conn:  # in the auth_file: no password asked
+        assert conn.execute("SELECT current_user").fetchone() == (APP_USER,)
+    with pytest.raises(psycopg.OperationalError, match='"trust" authentication failed'):
+        connect(p.dsn("app", "nobody-knows-me", "x"))
+    assert 'closing because: "trust" authentication failed' in p.log()
+
+
+def test_the_reserve_pool_is_logged_when_taken(pooler: PoolerFactory,
+                                              postgres: EmbeddedPostgres) -> None:
+    p = pooler(databases={"app": server(postgres, pool_size="1", reserve_pool_size="1")},
+               ini_overrides={"reserve_pool_timeout": "0.5"})
+    holder = connect(p.dsn())
+    holder.execute("BEGIN")
+    holder.execute("SELECT 1")
+    try:
+        with connect(p.dsn()) as second:  # waits 0.5 s, then gets the reserve server
+            assert second.execute("SELECT 2").fetchone() == (2,)
+    finally:
+        holder.close()
+    assert "app/app: taking connection from reserve_pool" in p.log()
