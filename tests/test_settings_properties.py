@@ -308,7 +308,8 @@ def test_set_accepts_exactly_what_the_ini_accepts(
         return
     assert isinstance(from_set, PoolerSettings)
     expected = getattr(from_set, key)
-    if key in ("auth_file", "auth_hba_file", "auth_ident_file") and expected and not Path(expected).is_absolute():
+    relative_paths = ("auth_file", "auth_hba_file", "auth_ident_file")
+    if key in relative_paths and expected and not Path(expected).is_absolute():
         expected = str(tmp_path / expected)  # the ini's auth_file is relative to its folder
     assert getattr(from_ini, key) == expected
 

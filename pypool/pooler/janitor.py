@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Final
 
 from ..core.states import ClientState
 from ..pooling.stats import stats_line
+from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 
@@ -54,6 +55,10 @@ def sweep(pooler: Pooler) -> None:
             if now - client.connect_time > cfg.client_login_timeout:
                 client.fail(PoolerError("client_login_timeout"))
     for pool in list(pooler.pools.values()):
+        if pooler.shutting_down == "SIGINT":  # queued clients will not be served now
+            for client in list(pool.waiting) + list(pool.awaiting_params):
+                if client.state is ClientState.WAITING or client in pool.awaiting_params:
+                    client.fail(PoolerError("server shutting down", errors.ADMIN_SHUTDOWN))
         if cfg.query_wait_timeout:
             while pool.waiting and (
                 now - pool.waiting[0].wait_start > cfg.query_wait_timeout

@@ -157,13 +157,26 @@ def apply_settings(pooler: Pooler, new: Settings) -> None:
         linking.serve_waiting(pooler, pool)
 
 
+# PgBouncer's log lines for the signals, which scripts and its test suite grep.
+_SHUTDOWN_LINES = {
+    "SIGINT": "got SIGINT, shutting down, waiting for all servers connections to be released",
+    "SIGTERM": "got SIGTERM, shutting down, waiting for all clients disconnect",
+}
+SHUTTING_DOWN = "server shutting down"  # what a client is told, as PgBouncer tells it
+
+
 def shutdown(pooler: Pooler, how: str) -> None:
-    """SIGINT: let transactions finish. SIGTERM: let clients finish. Again: exit now."""
+    """SIGINT (SHUTDOWN WAIT_FOR_SERVERS): let transactions finish; a client that asks for a
+    server after that, or is queued for one, is told "server shutting down"; exit once no
+    client holds a server. SIGTERM (WAIT_FOR_CLIENTS): let clients finish. Again: exit now."""
     if pooler.shutting_down or how == "now":
+        if pooler.shutting_down and how != "now":
+            log.info("got %s while shutting down, fast exit", how)
+        elif how == "now":
+            log.info("got SIGQUIT, fast exit")
         exit_now(pooler)
         return
-    log.info("%s: shutting down once %s finish", how,
-             "transactions" if how == "SIGINT" else "clients")
+    log.info("%s", _SHUTDOWN_LINES.get(how, f"{how}: shutting down"))
     pooler.shutting_down = how
     # The TCP listeners close; the unix socket stays until the exit, as PgBouncer keeps it:
     # a client there is told the pooler is shutting down rather than refused.
@@ -172,17 +185,29 @@ def shutdown(pooler: Pooler, how: str) -> None:
     if pooler.settings.pooler.shutdown_timeout:
         pooler.loop.call_later(pooler.settings.pooler.shutdown_timeout, exit_now, pooler)
     if how == "SIGINT":
+        # Queued clients are told by the janitor's next sweep, idle ones when they ask for a
+        # server (linking.request_server) or at the exit.
         for client in list(pooler.clients):
-            if client.server is None:
-                client.fail(PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN))
-            else:
+            if client.server is not None:
                 client.close_after_release = True
     maybe_exit(pooler)
 
 
 def maybe_exit(pooler: Pooler) -> None:
-    # Console sessions do not hold up a shutdown: they are how it was asked for.
-    if pooler.shutting_down and all(client.admin is not None for client in pooler.clients):
+    """Exit once what the shutdown waits for is over: no client holding a server (SIGINT),
+    no client at all (SIGTERM). Console sessions do not hold it up: they are how it was
+    asked for."""
+    how = pooler.shutting_down
+    if not how:
+        return
+    if how == "SIGINT":
+        if any(c.admin is None and c.server is not None for c in pooler.clients):
+            return
+        for client in list(pooler.clients):
+            if client.admin is None:
+                client.fail(PoolerError(SHUTTING_DOWN, errors.ADMIN_SHUTDOWN))
+        exit_now(pooler)
+    elif all(client.admin is not None for client in pooler.clients):
         exit_now(pooler)
 
 
@@ -217,8 +242,26 @@ def install_signals(pooler: Pooler) -> None:
     loop.add_signal_handler(signal.SIGINT, pooler.shutdown, "SIGINT")
     loop.add_signal_handler(signal.SIGTERM, pooler.shutdown, "SIGTERM")
     loop.add_signal_handler(signal.SIGQUIT, pooler.shutdown, "now")
-    loop.add_signal_handler(signal.SIGUSR1, pooler.pause_all, True)
-    loop.add_signal_handler(signal.SIGUSR2, pooler.pause_all, False)
+    loop.add_signal_handler(signal.SIGUSR1, _sigusr, pooler, True)
+    loop.add_signal_handler(signal.SIGUSR2, _sigusr, pooler, False)
+
+
+def _sigusr(pooler: Pooler, pause: bool) -> None:
+    """SIGUSR1 pauses, SIGUSR2 resumes, with PgBouncer's log lines; a resume during a
+    shutdown is ignored (the shutdown has paused what it must)."""
+    if pause:
+        if pooler.paused_all:
+            log.info("got SIGUSR1, but already paused/suspended")
+            return
+        log.info("got SIGUSR1, pausing all activity")
+    else:
+        if pooler.shutting_down:
+            log.info("got SIGUSR2 while shutting down, ignoring")
+            return
+        log.info("got SIGUSR2, continuing from %s",
+                 "SUSPEND" if pooler.suspended else "PAUSE")
+        pooler.suspended = False
+    pooler.pause_all(pause)
 
 
 def pause_all(pooler: Pooler, paused: bool) -> None:

@@ -45,6 +45,9 @@ def request_server(pooler: Pooler, client: ClientConnection) -> None:
     """The client has sent something that needs a server."""
     pool = client.pool
     assert pool is not None
+    if pooler.shutting_down == "SIGINT":  # no new transaction once the shutdown began
+        client.fail(PoolerError("server shutting down", errors.ADMIN_SHUTDOWN))
+        return
     if not pool.paused:
         server = pool.take_idle()
         if server is not None:
@@ -177,8 +180,8 @@ def release(pooler: Pooler, client: ClientConnection, now: float = 0.0) -> None:
         client.resume_reading()
     client.on(ClientEvent.RELEASED)
     _hand_back(pooler, server, now)
-    if client.close_after_release:
-        client.fail(PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN))
+    if client.close_after_release:  # SIGINT: its transaction is done, and so is it
+        client.fail(PoolerError("server shutting down", errors.ADMIN_SHUTDOWN))
     elif client._blocked:
         client.resume_rewriting()  # what it sent meanwhile goes to its next server
 

@@ -98,10 +98,10 @@ def test_sigint_lets_transactions_finish_then_exits(postgres, pooler, app_table)
         in_tx.execute("COMMIT")
         p.proc.wait(5)
         assert p.proc.returncode == 0
-        # A client without a transaction was told and let go.
+        # A client without a transaction was told and let go (PgBouncer's words).
         with pytest.raises(psycopg.OperationalError) as info:
             idle.execute("SELECT 1")
-        assert "pooler is shutting down" in str(info.value)
+        assert "server shutting down" in str(info.value)
     finally:
         idle.close()
         in_tx.close()
@@ -171,3 +171,53 @@ def test_sigusr1_pauses_sigusr2_resumes(pooler) -> None:
         assert result == ["after resume"]
         assert time.monotonic() - resumed < 3
         assert conn.execute("SELECT 2").fetchone()[0] == 2
+
+
+def test_sigint_tells_a_new_transaction_and_a_queued_client(pooler) -> None:
+    p = pooler({"default_pool_size": "1"})
+    holder = connect(p.dsn())
+    idle = connect(p.dsn())
+    queued_error: list[str] = []
+    try:
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1")  # holds the one server
+
+        def queue() -> None:
+            try:
+                with connect(p.dsn()) as conn:
+                    conn.execute("SELECT 1")
+            except psycopg.OperationalError as exc:
+                queued_error.append(str(exc))
+
+        waiter = threading.Thread(target=queue)
+        waiter.start()
+        time.sleep(0.5)  # queued behind the holder
+        p.proc.send_signal(signal.SIGINT)
+        waiter.join(5)
+        assert queued_error and "server shutting down" in queued_error[0]
+        with pytest.raises(psycopg.OperationalError, match="server shutting down"):
+            idle.execute("SELECT 1")  # a new transaction after the signal
+        assert holder.execute("SELECT 2").fetchone() == (2,)  # its transaction goes on
+        holder.execute("COMMIT")
+        p.proc.wait(5)
+    finally:
+        holder.close()
+        idle.close()
+    log = p.log()
+    assert "got SIGINT, shutting down, waiting for all servers connections to be released" in log
+    assert "closing because: server shutting down" in log
+
+
+def test_sigusr2_during_a_shutdown_is_ignored(pooler) -> None:
+    p = pooler()
+    conn = connect(p.dsn())
+    try:
+        conn.execute("SELECT 1")
+        p.proc.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: "got SIGTERM, shutting down" in p.log(), 3)
+        p.proc.send_signal(signal.SIGUSR2)
+        assert wait_for(lambda: "got SIGUSR2 while shutting down, ignoring" in p.log(), 3)
+        assert conn.execute("SELECT 3").fetchone() == (3,)
+    finally:
+        conn.close()
+    p.proc.wait(5)
