@@ -72,7 +72,6 @@ NOT_YET_IMPLEMENTED: dict[str, str] = {
 # nothing in pypool, and why that is right. docs/operating.md repeats this list.
 NO_EFFECT: dict[str, str] = {
     "server_round_robin": "idle servers are reused most recently used first, whichever way",
-    "server_fast_close": "servers of a RECONNECT or reload already close once released",
     "suspend_timeout": "SUSPEND waits for running transactions only (no online restart)",
     "autodb_idle_timeout": "pools of `*` databases stay until their database is removed",
     "syslog_ident": "no syslog", "syslog_facility": "no syslog",

@@ -26,6 +26,7 @@ from .. import compiled
 from ..net.client import ClientConnection
 from ..net.unix_socket import open_unix_socket
 from ..protocol import errors
+from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..settings import RESTART_ONLY_KEYS, SettingsError, load_ini, worker_share
 from . import janitor, linking
@@ -155,6 +156,9 @@ def apply_settings(pooler: Pooler, new: Settings) -> None:
             pooler.close_server(server, "pool_size lowered")
         pooler.launch_servers(pool)
         linking.serve_waiting(pooler, pool)
+    # A database added with a forced user and min_pool_size gets its pool now, as at start.
+    for pool_key in _min_pool_keys(pooler):
+        pooler.pool_for(*pool_key)
 
 
 # PgBouncer's log lines for the signals, which scripts and its test suite grep.
@@ -292,6 +296,13 @@ def tag_dirty(pooler: Pooler, pool: Pool, reason: str) -> None:
                          | set(pool.being_canceled))
     for server in list(pool.idle):
         pooler.close_server(server, reason)
+    if pooler.settings.pooler.server_fast_close and pool.limits.pool_mode == "session":
+        # server_fast_close: a session between transactions is ended now, with its server,
+        # rather than at its end (in transaction mode servers go back at once anyway).
+        for server in list(pool.active):
+            client = server.client
+            if client is not None and client.ledger.idle() and client.tx_status == m.TX_IDLE:
+                client.fail(PoolerError("database configuration changed"))
     pooler.launch_servers(pool)
 
 

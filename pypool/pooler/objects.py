@@ -167,6 +167,9 @@ class Pooler:
         key = (database, user)
         pool = self.pools.get(key)
         if pool is None:
+            if database not in self.settings.databases and not any(
+                    p.database == database for p in self.pools.values()):
+                log.info("registered new auto-database: db=%s", database)  # from `*`
             pool = Pool(database, user, self.limits_for(entry, user))
             pool.paused = self.paused_all or database in self.paused_dbs
             pool.disabled = database in self.disabled_dbs
@@ -300,7 +303,10 @@ class Pooler:
     def _login_failed(self, server: ServerConnection, text: str, error: bytes) -> None:
         """A server's connect or login failed: the pool's clients are told (see below)."""
         pool = server.pool
-        log.warning("%r: server login failed: %s", server, text)
+        # As PgBouncer logs it: with the server's severity (FATAL database "x" does not exist).
+        severity = m.parse_error_fields(error[5:]).get("S", "")
+        log.warning("%r: server login failed: %s%s", server, f"{severity} " if severity else "",
+                    text)
         pool.login_error = (error, self.now())
         pool.stats.count_error("server_login_failed")
         server.close(f"login failed: {text}")
@@ -315,7 +321,7 @@ class Pooler:
             pool.waiting.clear()
         for client in stranded:
             client.write(error)
-            client.close("server login failed")
+            client.close(text)  # "closing because: <the server's message>"
 
     def server_logged_in(self, server: ServerConnection) -> None:
         pool = server.pool

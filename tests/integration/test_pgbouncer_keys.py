@@ -293,3 +293,43 @@ def test_the_reserve_pool_is_logged_when_taken(pooler: PoolerFactory,
     finally:
         holder.close()
     assert "app/app: taking connection from reserve_pool" in p.log()
+
+
+# --- reloads, RECONNECT and the log lines operators grep ----------------------------------
+
+
+def test_server_fast_close_ends_an_idle_session_on_reconnect(pooler: PoolerFactory) -> None:
+    p = pooler(ini_overrides={"pool_mode": "session", "server_fast_close": "1"})
+    with connect(p.dsn()) as conn:
+        conn.execute("SELECT 1")
+        with connect(p.dsn("pgbouncer", ADMIN_USER, ADMIN_PASSWORD)) as admin:
+            admin.execute("RECONNECT app")
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("SELECT 1")
+    assert "closing because: database configuration changed" in p.log()
+
+
+def test_a_database_added_by_reload_gets_its_min_pool_size(
+    pooler: PoolerFactory, postgres: EmbeddedPostgres
+) -> None:
+    p = pooler()
+    p.rewrite_config(databases={
+        **p.databases,
+        "warm": f"{server(postgres)} user={APP_USER} min_pool_size=2",
+    })
+    p.reload()
+    assert wait_for(lambda: server_connections(postgres) >= 2, 10)
+
+
+def test_auto_databases_and_failed_server_logins_are_logged(
+    pooler: PoolerFactory, postgres: EmbeddedPostgres
+) -> None:
+    p = pooler(databases={"*": f"host={postgres.host} port={postgres.port}"})
+    with connect(p.dsn("app")) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    with pytest.raises(psycopg.OperationalError, match='database "no_such_db" does not exist'):
+        connect(p.dsn("no_such_db"))
+    log = p.log()
+    assert "registered new auto-database: db=app" in log
+    assert 'server login failed: FATAL database "no_such_db" does not exist' in log
+    assert 'closing because: database "no_such_db" does not exist' in log
