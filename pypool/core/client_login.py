@@ -211,8 +211,9 @@ def auth_method(secret: str | None, auth_type: str) -> str:
     if auth_type == "plain":
         return CLEARTEXT
     use_md5 = auth_type == "md5" and not (secret and secret.startswith(MECHANISM))
-    if auth_type == "scram-sha-256" and secret is not None and is_md5_hash(secret):
-        use_md5 = True  # a stored md5 hash cannot verify a SCRAM proof
+    # scram-sha-256 with a stored md5 hash stays SCRAM, and fails: the operator asked for
+    # SCRAM only (PgBouncer refuses the same), and an md5 challenge would tell the user
+    # exists where an unknown one gets SCRAM.
     return MD5 if use_md5 else SCRAM
 
 
@@ -226,7 +227,7 @@ def password_exchange(user: str, secret: str | None, auth_type: str,
     method = auth_method(secret, auth_type)
     if method == SCRAM:
         verifier = None
-        if secret is not None:
+        if secret is not None and not is_md5_hash(secret):  # an md5 hash cannot check SCRAM
             verifier = ScramVerifier.parse(secret) or verifier_for_password(user, secret)
         exchange = ScramServerExchange(verifier, user)
         messages.feed((yield m.authentication_sasl([MECHANISM])))

@@ -127,8 +127,9 @@ def _answer(code: int, payload: bytes, user: str, password: str | None,
 
 
 def _no_password(user: str, method: str) -> ServerLoginError:
+    # "wrong password type" first: PgBouncer's words, which its users grep for.
     text = (
-        f"cannot do {method} authentication to the server for user "
+        f"wrong password type: cannot do {method} authentication to the server for user "
         f'"{user}": no usable password'
     )
     return ServerLoginError(text, m.error_response(text, "08P01", "FATAL"))

@@ -301,7 +301,7 @@ def test_cleartext_for_an_unknown_user_fails() -> None:
 @pytest.mark.parametrize(("secret", "auth_type", "method"), [
     (PASSWORD, "md5", cl.MD5),
     (str(VERIFIER), "md5", cl.SCRAM),  # a verifier cannot check an md5 response
-    (md5_hash(PASSWORD, USER), "scram-sha-256", cl.MD5),
+    (md5_hash(PASSWORD, USER), "scram-sha-256", cl.SCRAM),  # and fails: see below
     (None, "scram-sha-256", cl.SCRAM),
     (None, "md5", cl.MD5),
     (PASSWORD, "plain", cl.CLEARTEXT),
@@ -338,3 +338,11 @@ def test_peer_needs_the_same_os_user_and_a_known_user() -> None:
         assert refused.value.message == "unix socket login rejected"
         assert refused.value.sqlstate == errors.INVALID_AUTHORIZATION
         assert refused.value.side is errors.Side.CLIENT
+
+
+def test_scram_only_refuses_a_user_stored_as_md5() -> None:
+    """auth_type = scram-sha-256 with an md5 hash in the auth_file: a SCRAM exchange that
+    fails as for an unknown user (the hash cannot check a SCRAM proof), never a fall back
+    to md5, which would also tell that the user exists."""
+    stored_md5 = scram_failure(md5_hash(PASSWORD, USER), PASSWORD)  # the right password
+    assert (stored_md5.message, stored_md5.sqlstate) == ("SASL authentication failed", "28P01")

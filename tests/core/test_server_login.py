@@ -166,7 +166,8 @@ def test_no_usable_password(secrets: dict[str, str], request_: bytes, method: st
     login = Login(**secrets)
     with pytest.raises(sl.ServerLoginError) as info:
         login.feed(request_)
-    text = f'cannot do {method} authentication to the server for user "app": no usable password'
+    text = (f"wrong password type: cannot do {method} authentication to the server for user "
+            '"app": no usable password')
     assert str(info.value) == text
     assert info.value.error == m.error_response(text, "08P01", "FATAL")
 
