@@ -56,7 +56,7 @@ def worth_extending(server: ServerConnection) -> bool:
     someone waits or the server is not yet listed as having room, and its last transaction
     ends at its Sync (looked at last: for a simple Query it is a regex). Never with
     pipelining off: then not even the regex runs, and requests are written at once."""
-    if not server.pooler.settings.pooler.pipeline_depth:
+    if not server.pooler.pipeline_depth:
         return False
     pool = server.pool
     return (pool.server_count >= pool.limits.pool_size
@@ -68,7 +68,7 @@ def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
     """Queue waiting clients behind the last one on `server` while the line allows; their
     requests go out in one write, after `data` (what the caller was about to send)."""
     pool = server.pool
-    depth = pooler.settings.pooler.pipeline_depth if may_serve_on(pooler, server) else 0
+    depth = pooler.pipeline_depth if may_serve_on(pooler, server) else 0
     chain = server.chain
     out = [data]
     # Only while the pool may not open another server: until then, a new one serves sooner.
@@ -108,7 +108,7 @@ def join_open_line(pooler: Pooler, client: ClientConnection) -> bool:
     pool = client.pool
     assert pool is not None
     lines = pool.open_lines
-    depth = pooler.settings.pooler.pipeline_depth
+    depth = pooler.pipeline_depth
     while lines:
         server = lines.pop()
         server.open_line = False
@@ -132,7 +132,7 @@ def can_follow_any(server: ServerConnection) -> bool:
     st = server.statements
     return not (last is None or last.ledger.pending != 1 or last.ledger.unsynced
                 or last.ledger.copy
-                or last.tx_status != m.TX_IDLE or last._blocked or last._partial or last._skip
+                or last.tx_status != m.TX_IDLE or not last.reader.idle()
                 or server.hidden_syncs or server.close_reason or not st.neutral_tail()
                 or st.undoable or st.blocked or st.discarding)
 
@@ -152,7 +152,7 @@ def follow(server: ServerConnection, client: ClientConnection) -> bytes:
     for that server, is returned to be sent."""
     last = server.chain[-1] if server.chain else server.client
     assert last is not None
-    last._blocked = True  # what it sends from now on waits for a server of its own
+    last.reader.blocked = True  # what it sends from now on waits for a server of its own
     server.chain.append(client)
     client.server = server
     client.on(ClientEvent.LINKED)
@@ -163,7 +163,7 @@ def follow(server: ServerConnection, client: ClientConnection) -> bytes:
 def hand_on(pooler: Pooler, server: ServerConnection, now: float) -> None:
     """The head of the line is done: the next client in it is linked from now on."""
     client = server.chain.popleft()
-    server.client = client
+    server.link(client)
     pool = server.pool
     if client.state is not ClientState.CLOSED:
         stats = pool.stats

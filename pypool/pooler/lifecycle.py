@@ -130,7 +130,7 @@ def apply_settings(pooler: Pooler, new: Settings) -> None:
             kept[key] = getattr(old.pooler, key)
     if kept:
         new = dataclasses.replace(new, pooler=dataclasses.replace(new.pooler, **kept))
-    pooler.settings = new
+    pooler.use_settings(new)
     if new.pooler.verbose != old.pooler.verbose:  # SET verbose, or a reload changing it
         logging.getLogger().setLevel(logging.DEBUG if new.pooler.verbose else logging.INFO)
     pooler.load_auth()
