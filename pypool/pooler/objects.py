@@ -328,8 +328,14 @@ class Pooler:
             stranded += [client for client in pool.waiting if client.state is ClientState.WAITING]
             pool.waiting.clear()
         for client in stranded:
-            client.write(error)
-            client.close(text)  # "closing because: <the server's message>"
+            # "closing because: <the server's message>", logged before the client reads it.
+            transport = client.transport
+            if client.state is ClientState.CLOSED:
+                continue
+            self.client_closed(client, text)
+            if transport is not None:
+                transport.write(error)
+                transport.close()
 
     def server_logged_in(self, server: ServerConnection) -> None:
         pool = server.pool
