@@ -7,11 +7,26 @@ result is the secret to check the client against (usually a SCRAM verifier).
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..pooler import ServerCredentials
     from ..settings import DatabaseEntry
+
+
+class AuthQueryLoginFailed(Exception):
+    """The server refused auth_user's login (its severity and message, as it sent them)."""
+
+    def __init__(self, severity: str, message: str) -> None:
+        super().__init__(message)
+        self.severity = severity
+        self.message = message
+
+
+class AuthQueryFailed(Exception):
+    """auth_query itself failed on the server (a bad query, a missing table): the server's
+    message, for the log. The client is told "bouncer config error", as PgBouncer tells it."""
 
 
 async def run_auth_query(
@@ -22,12 +37,23 @@ async def run_auth_query(
     if creds.password is None:
         raise RuntimeError(f"auth_user {auth_user!r} needs a plaintext password")
     query = sql.replace("%", "%%").replace("$1", "%s")
-    async with await psycopg.AsyncConnection.connect(
-        host=entry.host, port=entry.port, dbname=entry.server_dbname, user=auth_user,
-        password=creds.password, autocommit=True, connect_timeout=10,
-    ) as conn:
-        cur = await conn.execute(query, (user,))  # type: ignore[arg-type]
-        row = await cur.fetchone()
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            host=entry.host, port=entry.port, dbname=entry.server_dbname, user=auth_user,
+            password=creds.password, autocommit=True, connect_timeout=10,
+        )
+    except psycopg.OperationalError as exc:
+        # libpq puts the server's refusal in the text ("... failed: FATAL:  <message>").
+        said = re.search(r"\b(FATAL|ERROR|PANIC):\s+(.+)", str(exc))
+        if said:  # the server said why: as a failed server login
+            raise AuthQueryLoginFailed(said.group(1), said.group(2).strip()) from None
+        raise
+    async with conn:
+        try:
+            cur = await conn.execute(query, (user,))  # type: ignore[arg-type]
+            row = await cur.fetchone()
+        except psycopg.Error as bad:
+            raise AuthQueryFailed(bad.diag.message_primary or str(bad)) from None
     if row is None or row[1] is None:
         return None
     return str(row[1])

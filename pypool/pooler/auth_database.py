@@ -1,10 +1,11 @@
 """auth_dbname: which [databases] entry auth_query runs against, as PgBouncer picks it.
 
 The client's database entry's own `auth_dbname`, else the [pgbouncer] one, else the
-client's database itself. The entry named (or the `*` fallback) gives the connection
-auth_query uses; auth_user and auth_query stay the client database's (else the global ones).
-A name with no entry, a disabled one, or the console's reserved `pgbouncer` refuses the login
-with PgBouncer's texts, and the reason is logged for the operator.
+client's database itself (for the console, which cannot run a query: the [pgbouncer] one).
+The entry named (or the `*` fallback) gives the connection auth_query uses; auth_user and
+auth_query stay the client database's (else the global ones). A name with no entry, a
+disabled one, or the console's reserved `pgbouncer` refuses the login with PgBouncer's
+texts, and the reason is logged for the operator.
 """
 
 from __future__ import annotations
@@ -40,3 +41,15 @@ def resolve(settings: Settings, disabled: Collection[str], entry: DatabaseEntry,
     if name in disabled:
         raise PoolerError(f'authentication database "{name}" is disabled')
     return auth_entry
+
+
+def for_console(settings: Settings, disabled: Collection[str], client: object) -> DatabaseEntry:
+    """The entry auth_query runs on for a console login by a user not in the auth_file: the
+    [pgbouncer] auth_dbname's (the console itself cannot run a query)."""
+    name = settings.pooler.auth_dbname
+    if not name:
+        log.error('%r: cannot use the reserved "pgbouncer" database as an auth_dbname', client)
+        raise PoolerError("bouncer config error")
+    from ..settings import DatabaseEntry
+
+    return resolve(settings, disabled, DatabaseEntry(name="pgbouncer"), client)

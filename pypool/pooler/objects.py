@@ -419,6 +419,12 @@ class Pooler:
         if auth_type == "hba":  # the hba file picks the method for this client
             auth_type = hba_login.method_for(self.hba, client)
         secret = self.auth_secrets.get(client.user)
+        if (secret is None and client.database in ADMIN_DATABASES and cfg.auth_user
+                and auth_type != "any"):
+            # A console user known to PostgreSQL only: auth_query through auth_dbname.
+            via = auth_database.for_console(self.settings, self.disabled_dbs, client)
+            self.spawn(self._auth_query(client, via, cfg.auth_user, auth_type, cfg.auth_query))
+            return
         if secret is None and client.database not in ADMIN_DATABASES and auth_type != "any":
             entry = self.settings.database(client.database)
             auth_user = (entry and entry.auth_user) or cfg.auth_user
@@ -432,7 +438,7 @@ class Pooler:
 
     async def _auth_query(self, client: ClientConnection, entry: DatabaseEntry,
                           auth_user: str, auth_type: str, query: str) -> None:
-        from ..net.auth_query import run_auth_query
+        from ..net.auth_query import AuthQueryFailed, AuthQueryLoginFailed, run_auth_query
 
         secret = None
         try:
@@ -441,7 +447,17 @@ class Pooler:
                                                        auth_user),
                 query, client.user,
             )
-        except Exception as failure:  # noqa: BLE001 - any failure means "unknown user"
+        except AuthQueryLoginFailed as refused:
+            # As a failed server login: logged, and the client told the server's words.
+            log.warning("%r: server login failed: %s %s", client, refused.severity,
+                        refused.message)
+            client.fail(PoolerError(refused.message))
+            return
+        except AuthQueryFailed as broken:
+            log.error("%r: auth_query failed: %s", client, broken)
+            client.fail(PoolerError("bouncer config error"))
+            return
+        except Exception as failure:  # noqa: BLE001 - any other failure means "unknown user"
             log.warning("%r: auth_query failed: %s", client, failure)
         if secret:
             self.auth_query_secrets[client.user] = secret

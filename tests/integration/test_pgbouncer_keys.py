@@ -333,3 +333,33 @@ def test_auto_databases_and_failed_server_logins_are_logged(
     assert "registered new auto-database: db=app" in log
     assert 'server login failed: FATAL database "no_such_db" does not exist' in log
     assert 'closing because: database "no_such_db" does not exist' in log
+
+
+def test_auth_query_failures_are_reported_as_pgbouncer_reports_them(
+    pooler: PoolerFactory, postgres: EmbeddedPostgres
+) -> None:
+    p = pooler(
+        databases={
+            "broken": f"{server(postgres)} auth_query='SELECT usename, passwd FROM nowhere_t"
+                      f" WHERE usename = $1'",
+            "gone": f"host={postgres.host} port={postgres.port} dbname=no_such_db",
+            "authdb": f"host={postgres.host} port={postgres.port} dbname=postgres",
+        },
+        userlist={ADMIN_USER: ADMIN_PASSWORD},
+        ini_overrides={"auth_user": ADMIN_USER, "admin_users": f"{ADMIN_USER},{APP_USER}"},
+    )
+    # A query that fails on the server: the client hears "bouncer config error", the log why.
+    with pytest.raises(psycopg.OperationalError, match="bouncer config error"):
+        connect(p.dsn("broken"))
+    assert 'relation "nowhere_t" does not exist' in p.log()
+    # A login auth_query cannot make: the server's own words, as a failed server login.
+    with pytest.raises(psycopg.OperationalError, match='database "no_such_db" does not exist'):
+        connect(p.dsn("gone"))
+    assert 'server login failed: FATAL database "no_such_db" does not exist' in p.log()
+    # The console: a user known to PostgreSQL only needs the global auth_dbname.
+    with pytest.raises(psycopg.OperationalError, match="bouncer config error"):
+        connect(p.dsn("pgbouncer"))
+    with connect(p.dsn("pgbouncer", ADMIN_USER, ADMIN_PASSWORD)) as admin:
+        admin.execute("SET auth_dbname = 'authdb'")
+    with connect(p.dsn("pgbouncer")) as console_session:  # APP_USER, through auth_query
+        assert console_session.execute("SHOW VERSION").fetchone() is not None
