@@ -230,6 +230,12 @@ class Pooler:
                     lined += 1
                     if oldest is None or client.wait_start < oldest:
                         oldest = client.wait_start
+        if (max_db or max_user) and oldest is None and not pool.awaiting_params and (
+                self._starving(pool, bool(max_db), bool(max_user))):
+            # Only min_pool_size wants servers here, and a pool sharing the cap has clients
+            # waiting: the room is theirs (refilling here would take it back from them each
+            # time an idle server is evicted for them, and they would wait forever).
+            return
         wanted = pool.servers_wanted(now, oldest, room_db, room_user, lined)
         if not wanted and min(room_db, room_user) <= 0 and pool.servers_wanted(
             now, oldest, 1 << 30, 1 << 30, lined
@@ -242,6 +248,17 @@ class Pooler:
             return
         for _ in range(wanted):
             self._open_server(pool, entry)
+
+    def _starving(self, pool: Pool, same_db: bool, same_user: bool) -> bool:
+        """Whether another pool under the same max_db_connections (or max_user_connections)
+        has clients waiting for a server."""
+        for other in self.pools.values():
+            if other is pool or not (other.waiting or other.awaiting_params):
+                continue
+            if (same_db and other.database == pool.database) or (
+                    same_user and other.user == pool.user):
+                return True
+        return False
 
     def _evict_idle(self, pool: Pool, same_db: bool, same_user: bool) -> bool:
         """Close the longest-idle server of another pool under the same exhausted cap."""

@@ -363,3 +363,19 @@ def test_auth_query_failures_are_reported_as_pgbouncer_reports_them(
         admin.execute("SET auth_dbname = 'authdb'")
     with connect(p.dsn("pgbouncer")) as console_session:  # APP_USER, through auth_query
         assert console_session.execute("SHOW VERSION").fetchone() is not None
+
+
+def test_min_pool_size_does_not_starve_another_pool_under_max_db_connections(
+    pooler: PoolerFactory, postgres: EmbeddedPostgres
+) -> None:
+    # ADMIN_USER's pool keeps min_pool_size = 2 servers, the whole max_db_connections. A
+    # client of another user must still get one: an idle server is evicted for it, and the
+    # first pool does not take the room back to refill itself while the other waits.
+    p = pooler(databases={"app": server(postgres, min_pool_size="2",
+                                        max_db_connections="2")})
+    with connect(p.dsn("app", ADMIN_USER, ADMIN_PASSWORD)) as first:
+        first.execute("SELECT 1")
+        assert wait_for(lambda: server_connections(postgres, "app", ADMIN_USER) == 2, 5)
+        with connect(p.dsn()) as second:
+            assert second.execute("SELECT current_user").fetchone() == (APP_USER,)
+    assert "evicted to make room for another pool" in p.log()
