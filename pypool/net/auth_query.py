@@ -31,7 +31,10 @@ class AuthQueryFailed(Exception):
 
 async def run_auth_query(
     entry: DatabaseEntry, auth_user: str, creds: ServerCredentials, sql: str, user: str
-) -> str | None:
+) -> tuple[bool, str | None]:
+    """(whether the query found the user, its secret: None when there is none to check a
+    password against, e.g. a NULL rolpassword). A found user is one the pooler knows (trust
+    lets it in) even without a password."""
     import psycopg
 
     if creds.password is None:
@@ -54,6 +57,6 @@ async def run_auth_query(
             row = await cur.fetchone()
         except psycopg.Error as bad:
             raise AuthQueryFailed(bad.diag.message_primary or str(bad)) from None
-    if row is None or row[1] is None:
-        return None
-    return str(row[1])
+    if row is None:
+        return False, None
+    return True, None if row[1] is None else str(row[1])

@@ -458,8 +458,9 @@ class Pooler:
         from ..net.auth_query import AuthQueryFailed, AuthQueryLoginFailed, run_auth_query
 
         secret = None
+        found = False
         try:
-            secret = await run_auth_query(
+            found, secret = await run_auth_query(
                 entry, auth_user, self.credentials_for(dataclasses.replace(entry, password=""),
                                                        auth_user),
                 query, client.user,
@@ -480,7 +481,7 @@ class Pooler:
             self.auth_query_secrets[client.user] = secret
         if client.state is ClientState.STARTUP:
             try:
-                _start_auth(client, secret, auth_type)
+                _start_auth(client, secret, auth_type, known=found)
             except PoolerError as exc:
                 client.fail(exc)
 
@@ -673,9 +674,11 @@ class Pooler:
         lifecycle.shutdown(self, how)
 
 
-def _start_auth(client: ClientConnection, secret: str | None, auth_type: str) -> None:
-    """As PgBouncer: trust lets in only users the pooler knows (auth_file, auth_query)."""
-    if auth_type == "trust" and secret is None:
+def _start_auth(client: ClientConnection, secret: str | None, auth_type: str,
+                known: bool = False) -> None:
+    """As PgBouncer: trust lets in only users the pooler knows (auth_file, or found by
+    auth_query, `known`, with or without a password)."""
+    if auth_type == "trust" and secret is None and not known:
         raise PoolerError('"trust" authentication failed', side=errors.Side.CLIENT)
     client.start_auth(secret, auth_type)
 

@@ -379,3 +379,21 @@ def test_min_pool_size_does_not_starve_another_pool_under_max_db_connections(
         with connect(p.dsn()) as second:
             assert second.execute("SELECT current_user").fetchone() == (APP_USER,)
     assert "evicted to make room for another pool" in p.log()
+
+
+def test_trust_lets_in_a_user_auth_query_finds_without_a_password(
+    pooler: PoolerFactory, postgres: EmbeddedPostgres
+) -> None:
+    exists = postgres.execute("SELECT 1 FROM pg_roles WHERE rolname = 'no_password_role'")
+    if not exists:
+        postgres.execute("CREATE ROLE no_password_role LOGIN")
+    p = pooler(ini_overrides={"auth_type": "trust", "auth_user": ADMIN_USER},
+               databases={"postgres": f"host={postgres.host} port={postgres.port} "
+                                      "dbname=postgres"})
+    # Found by auth_query (its rolpassword is NULL): known, so trust lets it in; it is the
+    # server (SCRAM only here) that then turns the pool's login down.
+    with pytest.raises(psycopg.OperationalError, match="wrong password type") as info:
+        connect(p.dsn("postgres", "no_password_role", ""))
+    assert "trust" not in str(info.value)
+    with pytest.raises(psycopg.OperationalError, match='"trust" authentication failed'):
+        connect(p.dsn("postgres", "no_such_role_at_all", ""))
