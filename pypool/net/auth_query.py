@@ -37,13 +37,13 @@ async def run_auth_query(
     lets it in) even without a password."""
     import psycopg
 
-    if creds.password is None:
-        raise RuntimeError(f"auth_user {auth_user!r} needs a plaintext password")
+    # auth_user logs in with its plaintext password from the auth_file, or with none at all
+    # (a server that trusts it, as PgBouncer allows: an auth_user need not be in the file).
     query = sql.replace("%", "%%").replace("$1", "%s")
     try:
         conn = await psycopg.AsyncConnection.connect(
             host=entry.host, port=entry.port, dbname=entry.server_dbname, user=auth_user,
-            password=creds.password, autocommit=True, connect_timeout=10,
+            password=creds.password or "", autocommit=True, connect_timeout=10,
         )
     except psycopg.OperationalError as exc:
         # libpq puts the server's refusal in the text ("... failed: FATAL:  <message>").
