@@ -42,7 +42,7 @@ from .flow_control import ReadingSwitch
 if TYPE_CHECKING:
     from ..pooler import Pooler
     from ..pooling.pool import Pool
-    from .hooks import ConsoleSession
+    from .hooks import ConsoleSession, TransactionLog
     from .server import ServerConnection
 
 log = logging.getLogger("pypool.client")
@@ -84,6 +84,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self.wait_notified = False  # query_wait_notify's NOTICE sent for this wait
         self.check_failures = 0  # servers in a row that failed server_check_query for it
         self.tx_status = m.TX_IDLE
+        # The transaction log (observe/txlog.py), fed each read; None with the log off.
+        self.txlog: TransactionLog | None = pooler.txlog
         self.ledger = FrontendLedger()
         self._drop = 0  # bytes still to drop of a message the ledger said to drop
         self._need = 0  # size `_partial` must reach before it holds a whole message
@@ -160,6 +162,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self.transport.write(data)
 
     def data_received(self, data: bytes) -> None:
+        if self.txlog is not None:
+            self.txlog.client_data(self, len(data))
         try:
             if self.state is ClientState.ACTIVE or self.state is ClientState.IDLE:
                 if self.pool is not None:  # None on the admin console

@@ -110,6 +110,8 @@ class PoolerState(Protocol):
     def auth_query_secrets(self) -> Mapping[str, str]: ...
     @property
     def stats_periods(self) -> st.StatsPeriods: ...
+    @property
+    def txlog(self) -> Any: ...  # observe/txlog.py's TxLog, or None when off
 
 
 def is_closed(connection: Any) -> bool:
@@ -238,6 +240,11 @@ class PoolerView:
         self._pooler = pooler
 
     # --- settings and switches ------------------------------------------------------------
+
+    def transaction_log_lines(self) -> tuple[int, int] | None:
+        """Lines the transaction log has written and dropped; None when it is off."""
+        txlog = self._pooler.txlog
+        return None if txlog is None else (int(txlog.written), int(txlog.dropped))
 
     @property
     def settings(self) -> Settings:
