@@ -261,7 +261,8 @@ class ServerTap:
 
     It keeps its own framing state (a message may end in a later read) and keeps the first
     BODY_KEPT bytes of the messages that matter: ReadyForQuery, ErrorResponse,
-    CommandComplete. Replies go to the client linked when the read arrives; behind a
+    CommandComplete. Replies to the pooler's own hidden queries are not counted. Replies go
+    to the client linked when the read arrives; behind a
     pipeline (net/pipeline.py) each ReadyForQuery 'I' moves on to the next client in line.
     """
 
@@ -284,6 +285,9 @@ class ServerTap:
         tally = tallies.get(client.id) if client is not None else None
         if tally is not None:
             tally.bytes_out += len(data)
+        # Replies to the pooler's own queries (a SET at link, the reset query) come first
+        # and are swallowed (net/server.py, hidden_syncs): not the client's statements.
+        hidden = server.hidden_syncs
         pos = 0
         n = len(data)
         while pos < n:
@@ -313,6 +317,10 @@ class ServerTap:
                 continue
             kind, body = self._kind, bytes(self._body)
             self._kind = 0
+            if hidden:
+                if kind == _READY:
+                    hidden -= 1
+                continue
             if tally is None:
                 continue
             if kind == _READY:

@@ -44,6 +44,7 @@ class FakeClient:
 class FakeServer:
     id: int
     backend_pid: int = 4242
+    hidden_syncs: int = 0
     client: Any = None
     chain: list[Any] = field(default_factory=list)
 
