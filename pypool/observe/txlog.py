@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections import deque
 from datetime import UTC, datetime
-from typing import Any, Final, TextIO
+from typing import Any, Final
 
 log = logging.getLogger("pypool")
 
@@ -114,7 +115,8 @@ class TxLog:
         self.offset = time.time() - time.monotonic()
         self._reopen = False
         self._stop = threading.Event()
-        self._file: TextIO | None = None
+        self._fd = -1  # the file, opened by the writer
+        self._opened = False
         self._thread = threading.Thread(target=self._write_lines, name="pypool-txlog",
                                         daemon=True)
         self._thread.start()
@@ -220,38 +222,45 @@ class TxLog:
     def _write_lines(self) -> None:
         while True:
             stopping = self._stop.is_set()
-            if self._reopen or self._file is None:
-                self._open_file()
+            if self._reopen or not self._opened:
+                self._open_file()  # a path that cannot be opened is tried again on SIGHUP
             lines = self.lines
             if lines:
                 out = []
                 while lines:
                     out.append(json.dumps(self.record(lines.popleft()), separators=(",", ":")))
-                if self._file is not None:
-                    try:
-                        self._file.write("\n".join(out) + "\n")
-                        self._file.flush()
-                        self.written += len(out)
-                    except OSError as exc:
-                        log.error("transaction_log %s: write failed: %s", self.path, exc)
-                        self.dropped += len(out)
-                else:
-                    self.dropped += len(out)
+                self._write(("\n".join(out) + "\n").encode(), len(out))
             elif stopping:
                 break
             else:
                 self._stop.wait(WRITER_PERIOD)
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _write(self, data: bytes, count: int) -> None:
+        """One write per batch on an O_APPEND descriptor: with `workers`, several processes
+        append to one file without cutting each other's lines."""
+        if self._fd < 0:
+            self.dropped += count
+            return
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+            self.written += count
+        except OSError as exc:
+            log.error("transaction_log %s: write failed: %s", self.path, exc.strerror)
+            self.dropped += count
 
     def _open_file(self) -> None:
         self._reopen = False
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._opened = True
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         try:
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
         except OSError as exc:
             log.error("transaction_log %s: cannot open: %s", self.path, exc.strerror)
 
