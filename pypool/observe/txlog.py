@@ -7,7 +7,8 @@ waiting for the first's replies holds one server for both: that is one line.
 
 Theory of operation. Four calls from the pooler feed it, all cheap, none blocking:
 - `client_data(client, n)` for each read from a client (bytes in; the first read after a
-  release opens the client's next transaction: its arrival time and the queue length then);
+  release opens the client's next transaction, and the last read before it asks for a
+  server is its arrival: the time and the queue length then);
 - `ServerTap.feed(data)` for each read from a server: it walks the message headers on its
   own (the relay is untouched) and counts, for the client linked then, ReadyForQuery
   (statements), the first ErrorResponse's SQLSTATE, the last COMMIT/ROLLBACK tag, and bytes;
@@ -130,6 +131,11 @@ class TxLog:
             if pool is None or client.state.name not in _SERVED:
                 return  # the console, or a client still logging in
             tally = self.open[client.id] = Tally(self.now(), len(pool.waiting))
+        elif client.server is None and client.state.name == "IDLE":
+            # Not asked for a server yet: what came before (a lone Flush, the start of a
+            # message) does not start the clock; this read may.
+            tally.arrival = self.now()
+            tally.queue_on_arrival = len(client.pool.waiting)
         tally.bytes_in += n
 
     def tap(self, server: Any) -> ServerTap:

@@ -107,6 +107,23 @@ def test_one_transaction_byte_by_byte(tmp_path: Path) -> None:
     assert line["arrival"].endswith("+00:00")
 
 
+def test_a_stray_read_before_the_request_does_not_start_the_clock(tmp_path: Path) -> None:
+    clock = Clock()
+    path = tmp_path / "tx.jsonl"
+    txlog = TxLog(str(path), clock)
+    client, server = FakeClient(1, FakePool()), FakeServer(1)
+    txlog.client_data(client, 5)  # a Flush after the last transaction, say
+    clock.t += 30  # the client thinks
+    txlog.client_data(client, 20)  # its next query
+    client.state = State("ACTIVE")
+    client.link_time = clock.t
+    clock.t += 0.001
+    txlog.released(client, server, clock.t)
+    txlog.close()
+    [line] = lines(path)
+    assert line["wait_us"] == 0 and line["xact_us"] == 1000 and line["bytes_in"] == 25
+
+
 def test_rollback_commit_and_a_pipeline_line(tmp_path: Path) -> None:
     clock = Clock()
     path = tmp_path / "tx.jsonl"
