@@ -94,12 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m pypool.sim: {exc}", file=sys.stderr)
         return 2
     lines = simulate(arrivals, config)
-    print(f"simulated: {what}; pool_size {config.pool_size}, queue_policy "
-          f"{args.queue_policy}, server_policy {args.server_policy}")
-    print(report(lines, "us" if args.us else "ms"))
     if args.write:
         with open(args.write, "w", encoding="utf-8") as out:
             out.writelines(json.dumps(line) + "\n" for line in lines)
+    print(f"simulated: {what}; pool_size {config.pool_size}, queue_policy "
+          f"{args.queue_policy}, server_policy {args.server_policy}")
+    print(report(lines, "us" if args.us else "ms"))
     return 0
 
 
