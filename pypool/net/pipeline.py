@@ -40,9 +40,10 @@ statement that fails once the deadline, `wait_start + query_wait_timeout` as wal
 has passed on the server's clock. Then PostgreSQL skips the rest of the segment to the
 client's Sync, the transaction never starts, the guard's replies are swallowed, and the
 client gets PgBouncer's `query_wait_timeout` (FATAL) while the ReadyForQuery 'I' of its Sync
-goes by, dropped, and the line moves on (`guard_failed`, `skipped_in_line`). From its guard
-to its own ReadyForQuery, what the client sends next waits, as for the others in the line:
-once refused, nothing of it may run.
+goes by, dropped, and the line moves on (`guard_verdict`, `skipped_in_line`). Until its
+guard has passed (or, with others queued behind it, until its ReadyForQuery), what the
+client sends next waits, uncounted, as for the others in the line: once refused, nothing of
+it may run, and it is dropped.
 
 A client whose turn has not come (still in `chain`) is refused sooner, by the janitor
 (`refuse_overdue`), at its deadline plus GUARD_MARGIN, and only when nothing the server sent
@@ -58,7 +59,7 @@ frees up first (and, with query_wait_timeout set, is refused at its deadline rat
 served elsewhere); simple Queries are not pipelined while query_wait_timeout is set (no
 guard can share their implicit transaction: a Query after a failed extended message is
 skipped with no ReadyForQuery of its own, and one after a passed guard commits it); and a
-queued client's next request waits for its first to end. The line is short
+queued client's next request waits for its first to start. The line is short
 (`pipeline_depth`, default 4; 0 turns pipelining off) and is only formed while clients are
 already waiting for a server.
 """
@@ -226,20 +227,40 @@ def follow(server: ServerConnection, client: ClientConnection) -> bytes:
     st = client.statements
     assert st is not None
     due = client.wait_start + wait_timeout
-    guard = Guard(client, due, time.time() + (due - pooler.now()), guard_failed)
+    guard = Guard(client, due, time.time() + (due - pooler.now()), guard_verdict)
     st.guard = guard
-    # Until its ReadyForQuery, what it sends waits: were it refused, nothing more may run.
+    # Until its transaction has started, what it sends waits: were it refused, nothing more
+    # of it may run.
     client._blocked = True
     return server.statements.queue_guard(guard) + client.take_outbox(server)
 
 
-def guard_failed(guard: Guard) -> None:
-    """The server skipped a guarded transaction: its deadline had passed (guard.py). The
-    client is refused, unless the janitor did so already; it stays in the line until the
-    ReadyForQuery of its Sync has gone by (Pooler.client_closed)."""
+def guard_verdict(guard: Guard) -> None:
+    """Called by the request queue (guard.py), from inside the reading of the server's
+    replies. FAILED: the server skipped the transaction, its deadline had passed; the client
+    is refused (unless the janitor did so already), and stays in the line until the
+    ReadyForQuery of its Sync has gone by (`skipped_in_line`). PASSED: its transaction has
+    started; if nobody is queued behind it, what it sent meanwhile may go (its transaction
+    may be a BEGIN: it must not wait for a release that only its next requests bring)."""
     client: ClientConnection = guard.owner
-    if client.state is not ClientState.CLOSED:
-        refuse(client)
+    if guard.state == FAILED:
+        if client.state is not ClientState.CLOSED:
+            refuse(client)
+    elif client.state is not ClientState.CLOSED:
+        # Not from in here: the server's relay is halfway through its bytes.
+        client.pooler.loop.call_soon(_send_on, client, guard)
+
+
+def _send_on(client: ClientConnection, guard: Guard) -> None:
+    """After a PASSED guard: the client, still the last in its line, sends on."""
+    server = client.server
+    st = client.statements
+    if (server is None or st is None or st.guard is not guard
+            or client.state is ClientState.CLOSED or not client._blocked):
+        return  # released already (and sending on), or gone
+    last = server.chain[-1] if server.chain else server.client
+    if last is client:
+        client.resume_rewriting()
 
 
 def skipped_in_line(client: ClientConnection) -> bool:

@@ -300,3 +300,56 @@ def test_without_query_wait_timeout_no_guard_is_sent(pooler, postgres, app_table
                                 " WHERE name = 'PYPOOL_GUARD'")
     assert rows == [["0"]]
     assert rows_of(postgres, app_table) == [1, 2]
+
+
+# --- what a guarded client sends next ------------------------------------------------------------
+
+
+def test_what_a_refused_follower_sent_next_never_runs(pooler, postgres, app_table) -> None:
+    """W's first INSERT is queued behind a 3 s query; W sends a second one at once (a
+    pipelining driver would). Refused at query_wait_timeout, neither runs: the second waited
+    for the first to start, and was dropped with W."""
+    s = start(pooler, pool_size=1, query_wait_timeout="1")
+    (a,) = sleepers(s, 1, postgres)
+    w = Client(s)
+    a.run("z", "3", "1")
+    assert wait_for(lambda: len(active_sleeps(postgres)) == 1, 5)
+    w.send(insert(app_table, 1))
+    assert wait_for(lambda: s.metric(PIPELINED) == 1, 2)
+    w.send(insert(app_table, 2))
+    error = w.first_error()
+    assert (error["C"], error["M"]) == ("08P01", "query_wait_timeout")
+    assert w.read_message() is None
+    got = a.reply()
+    assert (got.rows, got.error, got.status) == ([("1",)], None, "I")
+    still_serves(s)
+    assert rows_of(postgres, app_table) == []
+
+
+def test_a_guarded_begin_goes_on_once_its_transaction_has_started(
+    pooler, postgres, app_table
+) -> None:
+    """W's queued transaction is an extended-protocol BEGIN: after its guard passes, W is
+    inside a block on that server, and what it sends next (sent before its BEGIN's reply,
+    and after) reaches the server: W is not left waiting for a release only they bring."""
+    s = start(pooler, pool_size=1, query_wait_timeout="5")
+    (a,) = sleepers(s, 1, postgres)
+    w = Client(s)
+    a.run("z", "0.5", "1")
+    assert wait_for(lambda: len(active_sleeps(postgres)) == 1, 5)
+    w.send(pgwire.parse("", "BEGIN") + pgwire.bind("", "") + pgwire.execute() + pgwire.sync())
+    assert wait_for(lambda: s.metric(PIPELINED) == 1, 2)
+    w.send(insert(app_table, 1))  # before BEGIN's reply: waits for the guard
+    got = w.read_until(m.READY_FOR_QUERY)
+    assert "".join(chr(kind) for kind, _ in got) == "12CZ" and got[-1][1] == b"T", got
+    got = w.read_until(m.READY_FOR_QUERY)
+    assert "".join(chr(kind) for kind, _ in got) == "12CZ" and got[-1][1] == b"T", got
+    assert a.reply().rows == [("1",)]
+    w.send(insert(app_table, 2))
+    got = w.read_until(m.READY_FOR_QUERY)
+    assert got[-1][1] == b"T", got
+    _, tag, status = w.simple_query("COMMIT")
+    assert (tag, status) == ("COMMIT", m.TX_IDLE)
+    assert rows_of(postgres, app_table) == [1, 2]
+    still_serves(s)
+    assert backends_idle_in_transaction(postgres) == 0

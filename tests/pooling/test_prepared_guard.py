@@ -3,8 +3,8 @@ a head's transaction and a follower's, with its guard, queued on one ServerState
 the server's replies fed to it as the glue would.
 
 What must hold: the guard goes first in the follower's segment and none of its replies reach
-the follower; its deadline error calls `on_failed` once and leaves only the follower's
-ReadyForQuery; any other error is the follower's; the guard statement is parsed once per
+the follower; its verdict calls `on_verdict` once; its deadline error leaves only the
+follower's ReadyForQuery; any other error is the follower's; the guard statement is parsed once per
 server, again when the server lost it, and closed first when that is not known.
 """
 
@@ -66,8 +66,9 @@ class Line:
         self.server = self.head.server
         self.head.send(query(b"SELECT 1 FROM pg_sleep(4)"))
         self.head.take()
-        self.refused: list[Guard] = []
-        self.guard = Guard("follower", 0.0, DEADLINE, self.refused.append)
+        self.verdicts: list[int] = []  # the states on_verdict was called with
+        self.guard = Guard("follower", 0.0, DEADLINE,
+                           lambda guard: self.verdicts.append(guard.state))
         self.follower = Link(registry=self.registry)
         self.follower.server = self.server
         self.guard_bytes = self.server.queue_guard(self.guard)
@@ -90,7 +91,7 @@ def test_the_guard_opens_the_followers_segment_and_its_replies_are_swallowed():
                         PARSE_COMPLETE, BIND_COMPLETE, complete(b"INSERT 0 1"), ready())
     assert line.follower.take()[1] == (PARSE_COMPLETE + BIND_COMPLETE + complete(b"INSERT 0 1")
                                        + ready())
-    assert line.guard.state == PASSED and line.refused == []
+    assert line.guard.state == PASSED and line.verdicts == [PASSED]
     assert not line.server.queue and line.server.readies_queued == line.server.readies_done
     # Parsed once per server: the next guard there is a Bind and an Execute.
     again = Guard("next", 0.0, DEADLINE + 1, lambda guard: None)
@@ -124,15 +125,15 @@ def test_past_its_deadline_the_followers_transaction_is_skipped_and_it_is_refuse
     line.follower.send(parse(b"ins", INSERT), bind(b"ins", params=(b"1",)), execute(), SYNC)
     assert b"ins" in line.follower.client.names
     line.head_done()
-    assert line.refused == []
+    assert line.verdicts == []
     line.follower.reply(PARSE_COMPLETE, BIND_COMPLETE, DEADLINE_ERROR)
-    assert line.refused == [line.guard] and line.guard.state == FAILED
+    assert line.verdicts == [FAILED] and line.guard.state == FAILED
     # Only the follower's Sync is left: its ReadyForQuery (the glue drops it, the client
     # being gone), on the hot path.
     assert line.server.tracking == 0 and len(line.server.queue) == 1
     line.follower.reply(ready())
     assert line.follower.take()[1] == ready()
-    assert line.refused == [line.guard] and not line.server.queue
+    assert line.verdicts == [FAILED] and not line.server.queue
     # The skipped Parse is forgotten by the server and by the client.
     assert b"ins" not in line.follower.client.names
     assert not line.server.lru and len(line.registry) == 0
@@ -158,7 +159,7 @@ def test_another_error_of_the_guard_is_the_followers_own():
     lost = error("26000", f'prepared statement "{GUARD_NAME.decode()}" does not exist')
     line.follower.reply(PARSE_COMPLETE, lost, ready())
     assert line.follower.take()[1] == lost + ready()
-    assert line.refused == [] and line.guard.state == SKIPPED
+    assert line.verdicts == [] and line.guard.state == SKIPPED
     assert line.server.guard_statement == GUARD_ABSENT
     again = Guard("next", 0.0, DEADLINE, lambda guard: None)
     assert line.server.queue_guard(again).startswith(GUARD_PARSE)
@@ -171,7 +172,7 @@ def test_a_cancel_landing_on_the_guard_is_the_followers_error():
     canceled = error("57014", "canceling statement due to user request")
     line.follower.reply(PARSE_COMPLETE, BIND_COMPLETE, canceled, ready())
     assert line.follower.take()[1] == canceled + ready()
-    assert line.refused == [] and line.guard.state == SKIPPED
+    assert line.verdicts == [] and line.guard.state == SKIPPED
     assert line.server.guard_statement == GUARD_PARSED
 
 

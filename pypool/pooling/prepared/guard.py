@@ -107,14 +107,16 @@ class Guard:
     """The guard of one pipelined client's transaction."""
 
     def __init__(self, owner: Any, due: float, deadline: float,
-                 on_failed: Callable[[Guard], None]) -> None:
+                 on_verdict: Callable[[Guard], None]) -> None:
         self.owner = owner  # the client it guards (the glue's connection)
         self.due = due  # its deadline on the glue's monotonic clock
         self.deadline = deadline  # the same as wall-clock time, for the server
         self.state = PENDING
         # Told query_wait_timeout before the verdict came (the janitor, at due + a margin).
         self.refused = False
-        self.on_failed = on_failed  # called once the server has skipped the transaction
+        # Called once, when the state becomes FAILED (the server skipped the transaction) or
+        # PASSED (it began), from inside the reading of the server's replies.
+        self.on_verdict = on_verdict
 
     def __repr__(self) -> str:
         return f"<Guard state={self.state} refused={self.refused}>"
@@ -183,6 +185,7 @@ class Guards(SqlNames):
                     # client was told query_wait_timeout and its transaction runs now.
                     log.error("a client refused at query_wait_timeout passed its guard: "
                               "replies read late, or clocks out of step")
+                guard.on_verdict(guard)
             elif guard.state == PENDING:
                 guard.state = SKIPPED
         elif wait == W_PARSE and not ok:

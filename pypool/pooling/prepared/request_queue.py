@@ -212,7 +212,7 @@ class RequestQueue:
                 # A pipelined client's deadline passed before its transaction began: the
                 # server skips it to its Sync. Told once the queue has settled the skip.
                 guard = head[R_PAYLOAD]
-                guard.on_failed(guard)
+                guard.on_verdict(guard)
             return verdict
         if COMPLETES[kind] == wait:
             queue.popleft()
