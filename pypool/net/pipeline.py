@@ -153,7 +153,10 @@ def join_open_line(pooler: Pooler, client: ClientConnection) -> bool:
     pool = client.pool
     assert pool is not None
     lines = pool.open_lines
-    depth = pooler.settings.pooler.pipeline_depth
+    cfg = pooler.settings.pooler
+    if cfg.query_wait_timeout and not guardable(client):
+        return False  # no line takes it: leave them listed for those that fit
+    depth = cfg.pipeline_depth
     while lines:
         server = lines.pop()
         server.open_line = False
