@@ -97,7 +97,7 @@ def worth_extending(server: ServerConnection) -> bool:
     someone waits or the server is not yet listed as having room, and its last transaction
     ends at its Sync (looked at last: for a simple Query it is a regex). Never with
     pipelining off: then not even the regex runs, and requests are written at once."""
-    if not server.pooler.settings.pooler.pipeline_depth:
+    if not server.pooler.pipeline_depth:
         return False
     pool = server.pool
     return (pool.server_count >= pool.limits.pool_size
@@ -109,11 +109,10 @@ def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
     """Queue waiting clients behind the last one on `server` while the line allows; their
     requests go out in one write, after `data` (what the caller was about to send)."""
     pool = server.pool
-    cfg = pooler.settings.pooler
-    depth = cfg.pipeline_depth if may_serve_on(pooler, server) else 0
+    depth = pooler.pipeline_depth if may_serve_on(pooler, server) else 0
     chain = server.chain
     out = [data]
-    wait_timeout = cfg.query_wait_timeout
+    wait_timeout = pooler.settings.pooler.query_wait_timeout
     now = pooler.now() if wait_timeout else 0.0
     # Only while the pool may not open another server: until then, a new one serves sooner.
     while len(chain) < depth and not pool.paused and pool.server_count >= pool.limits.pool_size:
@@ -142,7 +141,7 @@ def may_serve_on(pooler: Pooler, server: ServerConnection) -> bool:
     (RECONNECT or a changed [databases] entry, server_lifetime over, database removed), or
     a line kept topped up under load would keep it from ever being free."""
     pool = server.pool
-    lifetime = pooler.settings.pooler.server_lifetime
+    lifetime = pooler.server_lifetime
     return not (pool.removed or (pool.close_needed and server in pool.close_needed)
                 or (lifetime and pooler.now() - server.connect_time > lifetime))
 
@@ -153,10 +152,9 @@ def join_open_line(pooler: Pooler, client: ClientConnection) -> bool:
     pool = client.pool
     assert pool is not None
     lines = pool.open_lines
-    cfg = pooler.settings.pooler
-    if cfg.query_wait_timeout and not guardable(client):
+    if pooler.settings.pooler.query_wait_timeout and not guardable(client):
         return False  # no line takes it: leave them listed for those that fit
-    depth = cfg.pipeline_depth
+    depth = pooler.pipeline_depth
     while lines:
         server = lines.pop()
         server.open_line = False
@@ -180,10 +178,17 @@ def can_follow_any(server: ServerConnection) -> bool:
     st = server.statements
     return not (last is None or last.ledger.pending != 1 or last.ledger.unsynced
                 or last.ledger.copy
-                or last.tx_status != m.TX_IDLE or (last._blocked and not guarded(last))
-                or last._partial or last._skip
+                or last.tx_status != m.TX_IDLE or not _reader_free(last)
                 or server.hidden_syncs or server.close_reason or not st.neutral_tail()
                 or st.undoable or st.blocked or st.discarding)
+
+
+def _reader_free(client: ClientConnection) -> bool:
+    """Nothing of `client`'s half-read or waiting, but what a guard holds back (it waits for
+    its own server, as what the others in a line send does)."""
+    reader = client.reader
+    return reader.idle() or (reader.blocked and not reader.partial and not reader.skip
+                             and guarded(client))
 
 
 def can_follow(server: ServerConnection, client: ClientConnection) -> bool:
@@ -218,7 +223,7 @@ def follow(server: ServerConnection, client: ClientConnection) -> bytes:
     for that server, is returned to be sent."""
     last = server.chain[-1] if server.chain else server.client
     assert last is not None
-    last._blocked = True  # what it sends from now on waits for a server of its own
+    last.reader.blocked = True  # what it sends from now on waits for a server of its own
     server.chain.append(client)
     client.server = server
     client.on(ClientEvent.LINKED)
@@ -234,7 +239,7 @@ def follow(server: ServerConnection, client: ClientConnection) -> bytes:
     st.guard = guard
     # Until its transaction has started, what it sends waits: were it refused, nothing more
     # of it may run.
-    client._blocked = True
+    client.reader.blocked = True
     return server.statements.queue_guard(guard) + client.take_outbox(server)
 
 
@@ -259,7 +264,7 @@ def _send_on(client: ClientConnection, guard: Guard) -> None:
     server = client.server
     st = client.statements
     if (server is None or st is None or st.guard is not guard
-            or client.state is ClientState.CLOSED or not client._blocked):
+            or client.state is ClientState.CLOSED or not client.reader.blocked):
         return  # released already (and sending on), or gone
     last = server.chain[-1] if server.chain else server.client
     if last is client:
@@ -280,7 +285,7 @@ def refuse(client: ClientConnection) -> None:
     pool = client.pool
     assert pool is not None
     pool.stats.count_error("query_wait_timeout")
-    client._partial.clear()  # sent after its guarded transaction: must never run
+    client.reader.partial.clear()  # sent after its guarded transaction: must never run
     client.fail(PoolerError("query_wait_timeout"))
 
 
@@ -320,7 +325,7 @@ def replies_unread(server: ServerConnection) -> bool:
 def hand_on(pooler: Pooler, server: ServerConnection, now: float) -> None:
     """The head of the line is done: the next client in it is linked from now on."""
     client = server.chain.popleft()
-    server.client = client
+    server.link(client)
     pool = server.pool
     if client.state is not ClientState.CLOSED:
         stats = pool.stats

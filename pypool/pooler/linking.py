@@ -69,17 +69,17 @@ def request_server(pooler: Pooler, client: ClientConnection) -> None:
 def link(pooler: Pooler, client: ClientConnection, server: ServerConnection) -> None:
     pool = server.pool
     now = pooler.now()
-    cfg = pooler.settings.pooler
     # server_check_query: a server free for server_check_delay is checked before use.
-    check = cfg.server_check_query if cfg.server_check_query and (
-        now - server.request_time >= cfg.server_check_delay) else ""
+    check = pooler.check_query
+    if check and now - server.request_time < pooler.check_delay:
+        check = ""
     if client.state is ClientState.WAITING:
         pool.stats.wait_time_us += int((now - client.wait_start) * 1e6)
         pool.stats.wait_histogram.observe(now - client.wait_start)
     pool.login.discard(server)
     pool.active.add(server)
     client.server = server
-    server.client = client
+    server.link(client)
     client.on(ClientEvent.LINKED)
     server.on(ServerEvent.LINKED)
     client.link_time = now
@@ -90,7 +90,7 @@ def link(pooler: Pooler, client: ClientConnection, server: ServerConnection) -> 
     if check or not covers(server.params, client.params):
         # What the client sent waits for the check's and the SET's replies
         # (parameters_applied, check_failed, parameters_failed).
-        client._blocked = True
+        client.reader.blocked = True
         server.prepare_for(client, check)
         return
     _send_outbox(pooler, client, server)
@@ -99,10 +99,10 @@ def link(pooler: Pooler, client: ClientConnection, server: ServerConnection) -> 
 def parameters_applied(pooler: Pooler, server: ServerConnection,
                        client: ClientConnection) -> None:
     """The check and SET sent at link time succeeded: the client's requests go now."""
-    client._blocked = False
+    client.reader.blocked = False
     client.check_failures = 0
     _send_outbox(pooler, client, server)
-    if not client._blocked:
+    if not client.reader.blocked:
         client.carry_on()  # what it sent meanwhile
 
 
@@ -113,9 +113,9 @@ def check_failed(pooler: Pooler, server: ServerConnection, client: ClientConnect
     log.warning("%r: server_check_query failed: %s", server, why)
     server.pool.stats.count_error("server_check_failed")
     if client is not None and server.client is client:
-        server.client = None
+        server.link(None)
         client.server = None
-        client._blocked = False
+        client.reader.blocked = False
         client.on(ClientEvent.RELEASED)
         server.close(f"server_check_query failed: {why}")
         client.check_failures += 1
@@ -167,7 +167,7 @@ def release(pooler: Pooler, client: ClientConnection, now: float = 0.0) -> None:
     stats.xact_time_us += int(held * 1e6)
     stats.xact_histogram.observe(held)
     client.server = None
-    server.client = None
+    server.link(None)
     st = client.statements
     if st is not None and st.guard is not None:
         st.guard = None  # its line is over (net/pipeline.py)
@@ -182,7 +182,7 @@ def release(pooler: Pooler, client: ClientConnection, now: float = 0.0) -> None:
     _hand_back(pooler, server, now)
     if client.close_after_release:
         client.fail(PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN))
-    elif client._blocked:
+    elif client.reader.blocked:
         client.resume_rewriting()  # what it sent meanwhile goes to its next server
 
 
@@ -203,9 +203,8 @@ def _hand_back(pooler: Pooler, server: ServerConnection, now: float) -> None:
 def _reset_always(pooler: Pooler, server: ServerConnection) -> None:
     """server_reset_query_always: the reset query after every transaction, in every
     pool mode (its replies are hidden; the next client's requests queue behind it)."""
-    cfg = pooler.settings.pooler
-    if cfg.server_reset_query_always and cfg.server_reset_query:
-        server.send_hidden_query(cfg.server_reset_query)
+    if pooler.reset_query_always:
+        server.send_hidden_query(pooler.reset_query_always)
 
 
 def server_available(pooler: Pooler, server: ServerConnection) -> None:
@@ -217,7 +216,7 @@ def server_available(pooler: Pooler, server: ServerConnection) -> None:
     if pool.being_canceled:
         pool.being_canceled.discard(server)
     now = pooler.now()
-    lifetime = pooler.settings.pooler.server_lifetime
+    lifetime = pooler.server_lifetime
     if pool.paused or pool.close_needed or pool.removed or (
         lifetime and now - server.connect_time > lifetime
         and server.state is not ServerState.LOGIN
@@ -246,7 +245,7 @@ def _close_reason(pooler: Pooler, server: ServerConnection, now: float) -> str:
         return "database configuration changed"
     if pool.removed and not pool.clients:
         return "database removed"
-    lifetime = pooler.settings.pooler.server_lifetime
+    lifetime = pooler.server_lifetime
     if lifetime and now - server.connect_time > lifetime and (
         server.state is not ServerState.LOGIN
     ):

@@ -69,6 +69,14 @@ class ServerCredentials:
 class Pooler:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # The keys every transaction reads, copied from `settings` by use_settings (a read
+        # of the frozen dataclasses costs two dictionary lookups, these one field access).
+        self.check_query = ""
+        self.check_delay = 0.0
+        self.pipeline_depth = 0
+        self.server_lifetime = 0.0
+        self.reset_query_always = ""  # server_reset_query, if server_reset_query_always
+        self.use_settings(settings)
         self.loop = asyncio.get_running_loop()
         # Not loop.time: uvloop's is cached per iteration at millisecond resolution, which
         # would round every transaction, query and wait time (SHOW STATS, histograms) to ms.
@@ -320,10 +328,10 @@ class Pooler:
         self.servers_per_user[pool.user] = self.servers_per_user.get(pool.user, 1) - 1
         if server.checking and server.client is not None:
             # It died under server_check_query, before any of its client's requests.
-            server.checking = False
+            server.backend.checking = False
             linking.check_failed(self, server, server.client, reason)
         line = [server.client, *server.chain]
-        server.client = None
+        server.link(None)
         server.chain.clear()
         for client in line:
             if client is not None:
@@ -476,7 +484,7 @@ class Pooler:
                 server.close("client disconnected with a query in progress")
         elif server is not None:
             client.server = None
-            server.client = None
+            server.link(None)
             server.resume_reading()
             # A check or SET the pooler sent for this client may still be answering: its
             # replies and ParameterStatus would be taken for the next client's.
@@ -560,6 +568,17 @@ class Pooler:
     def reload(self) -> bool:
         """Re-read the ini and the auth_file; keep the old config if the new one is bad."""
         return lifecycle.reread(self)
+
+    def use_settings(self, settings: Settings) -> None:
+        """Make `settings` the pooler's (at start, and by lifecycle.apply_settings)."""
+        self.settings = settings
+        cfg = settings.pooler
+        self.check_query = cfg.server_check_query
+        self.check_delay = float(cfg.server_check_delay)
+        self.pipeline_depth = int(cfg.pipeline_depth)
+        self.server_lifetime = float(cfg.server_lifetime)
+        self.reset_query_always = (cfg.server_reset_query if cfg.server_reset_query_always
+                                   else "")
 
     def apply_settings(self, new: Settings) -> None:
         lifecycle.apply_settings(self, new)
