@@ -60,7 +60,7 @@ served elsewhere); simple Queries are not pipelined while query_wait_timeout is 
 guard can share their implicit transaction: a Query after a failed extended message is
 skipped with no ReadyForQuery of its own, and one after a passed guard commits it); and a
 queued client's next request waits for its first to start. The line is short
-(`pipeline_depth`, default 4; 0 turns pipelining off) and is only formed while clients are
+(`pipeline_depth`; 0, the default, turns pipelining off) and is only formed while clients are
 already waiting for a server.
 """
 
