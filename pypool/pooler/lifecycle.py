@@ -29,7 +29,7 @@ from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..settings import RESTART_ONLY_KEYS, SettingsError, load_ini, worker_share
-from . import janitor, linking
+from . import janitor, linking, research
 
 if TYPE_CHECKING:
     from ..pooling.pool import Pool
@@ -41,6 +41,7 @@ log = logging.getLogger("pypool")
 
 async def start(pooler: Pooler) -> None:
     cfg = pooler.settings.pooler
+    research.apply(pooler, None)  # the transaction log, before any client
     if cfg.unix_socket_dir:
         # First, as PgBouncer checks: a pooler already serving this port's socket stops us
         # before anything is bound. With workers = N the parent has claimed it and each
@@ -134,6 +135,7 @@ def apply_settings(pooler: Pooler, new: Settings) -> None:
     if new.pooler.verbose != old.pooler.verbose:  # SET verbose, or a reload changing it
         logging.getLogger().setLevel(logging.DEBUG if new.pooler.verbose else logging.INFO)
     pooler.load_auth()
+    research.apply(pooler, old.pooler)  # policies; the transaction log reopened (rotation)
     for pool in list(pooler.pools.values()):
         entry = new.database(pool.database)
         old_entry = old.database(pool.database) or pooler.retired.get(pool.database)
@@ -236,6 +238,7 @@ def exit_now(pooler: Pooler) -> None:
             os.unlink(pidfile)
         except OSError:
             pass
+    research.close(pooler)  # after the clients: their last lines are in
     if not pooler.stopped.done():
         pooler.stopped.set_result(None)
 
