@@ -38,6 +38,7 @@ from ..net import pipeline
 from ..net.client import ClientConnection
 from ..net.hooks import OpenConsole, ServeMetrics
 from ..net.server import ServerConnection, ServerLoginError
+from ..net.tls import Tls
 from ..net.unix_socket import UnixSocket
 from ..pooling.pool import Pool, PoolLimits
 from ..pooling.prepared import Registry
@@ -107,6 +108,8 @@ class Pooler:
         # net/ never imports them. None: no console, no metrics (net/hooks.py).
         self.open_console: OpenConsole | None = None
         self.serve_metrics: ServeMetrics | None = None
+        # The TLS contexts in force (net/tls.py), rebuilt by apply_settings.
+        self.tls = Tls(settings.pooler)
         self.load_auth()
 
     def load_auth(self) -> None:

@@ -128,11 +128,14 @@ def test_ssl_request_is_refused_then_the_startup_message_read() -> None:
     assert not client.sent
 
 
-def test_ssl_request_and_startup_in_one_read() -> None:
-    client = Client(cl.read_startup())
-    first = client.feed(struct.pack("!II", 8, 80877103) + startup_packet({"user": USER}))
-    assert bytes(client.sent) == b"N"
-    assert isinstance(first, cl.FirstPacket) and isinstance(first.packet, StartupMessage)
+def test_ssl_request_and_startup_in_one_read_is_refused() -> None:
+    # Bytes behind an SSLRequest were sent before its answer, so in the clear whatever the
+    # answer (CVE-2021-23222): refused, as PgBouncer refuses them, TLS offered or not.
+    for tls in (cl.NO_TLS, cl.StartupTls(offered=True)):
+        client = Client(cl.read_startup(tls))
+        with pytest.raises(PoolerError, match="^received unencrypted data after SSL request$"):
+            client.feed(struct.pack("!II", 8, 80877103) + startup_packet({"user": USER}))
+        assert not client.sent
 
 
 def test_cancel_request_ends_the_startup() -> None:
