@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -162,7 +163,9 @@ def _configure(ctx: ssl.SSLContext, prefix: str, protocols: str, ciphers: str,
                ciphers13: str) -> None:
     low, high = _protocol_range(prefix, protocols)
     try:
-        ctx.minimum_version, ctx.maximum_version = low, high
+        with warnings.catch_warnings():  # TLS 1.0 and 1.1 are deprecated; asked for, though
+            warnings.simplefilter("ignore", DeprecationWarning)
+            ctx.minimum_version, ctx.maximum_version = low, high
     except (ValueError, ssl.SSLError) as exc:
         raise SettingsError(f"invalid {prefix}_protocols: {protocols}: {exc}") from None
     cipher_list = _CIPHER_WORDS.get(ciphers.strip().lower(), ciphers.strip())
@@ -210,11 +213,11 @@ def _protocol_range(prefix: str, text: str) -> tuple[ssl.TLSVersion, ssl.TLSVers
 def _load_chain(ctx: ssl.SSLContext, prefix: str, cert_file: str, key_file: str) -> None:
     if not cert_file or not key_file:
         raise SettingsError(f"{prefix}_cert_file and {prefix}_key_file go together")
+    for key, path in (("cert_file", cert_file), ("key_file", key_file)):
+        if not Path(path).is_file():
+            raise SettingsError(f"invalid {prefix}_{key}: {path}: no such file")
     try:
         ctx.load_cert_chain(cert_file, key_file)
-    except FileNotFoundError as missing:
-        raise SettingsError(f"invalid {prefix}_cert_file or {prefix}_key_file: "
-                            f"{missing.filename}: {missing.strerror}") from None
     except (OSError, ssl.SSLError) as exc:
         raise SettingsError(f"invalid {prefix}_cert_file {cert_file} or {prefix}_key_file "
                             f"{key_file}: {exc}") from None

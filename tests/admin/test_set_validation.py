@@ -1,6 +1,7 @@
 """SET and reloads check values as the ini does: a value the ini would refuse (out of range, a
-key pypool does not implement, a TLS mode that is none) is refused with PgBouncer's `SET failed`, or by a reload
-that keeps the running configuration, and the pooler goes on serving with the old value."""
+key pypool does not implement, no TLS mode) is refused with PgBouncer's `SET failed`, or by a
+reload that keeps the running configuration, and the pooler goes on serving with the old
+value."""
 
 from __future__ import annotations
 

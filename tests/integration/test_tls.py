@@ -12,50 +12,26 @@ import ssl
 import struct
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import psycopg
 import pytest
-from tests.conftest import ADMIN_PASSWORD, ADMIN_USER, APP_PASSWORD, APP_USER, Pooler
 from scramp import ScramClient
 
 from pypool.auth.channel_binding import tls_server_end_point
 from pypool.embedded import free_port
 from pypool.protocol import messages as m
+from tests.conftest import ADMIN_PASSWORD, ADMIN_USER, APP_PASSWORD, APP_USER, Pooler
 
 from .polling import wait_for
 from .rawclient import RawClient
-from .tls_ca import CertificateAuthority, Issued
+from .tls_ca import Certificates, certs
 
 pytestmark = pytest.mark.timeout(60)
 
 SSL_REQUEST = struct.pack("!II", 8, 80877103)
-
-
-@dataclass(frozen=True)
-class Certificates:
-    ca: CertificateAuthority
-    server: Issued  # pypool's, for localhost and 127.0.0.1
-    client: Issued  # CN=app
-    other_ca: CertificateAuthority
-    other_server: Issued  # pypool's, signed by the other CA
-    other_client: Issued  # CN=app, signed by the other CA
-
-
-@pytest.fixture(scope="session")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
-    base = tmp_path_factory.mktemp("tls")
-    ca = CertificateAuthority(base / "ca1", "pypool test CA 1")
-    other = CertificateAuthority(base / "ca2", "pypool test CA 2")
-    return Certificates(
-        ca, ca.issue("server", "localhost", ("localhost", "127.0.0.1")),
-        ca.issue("client-app", APP_USER, client=True),
-        other, other.issue("server", "localhost", ("localhost", "127.0.0.1")),
-        other.issue("client-app", APP_USER, client=True),
-    )
 
 
 def tls_settings(certs: Certificates, mode: str = "prefer", **more: str) -> dict[str, str]:
@@ -82,6 +58,8 @@ def my_client_row(p: Pooler, application_name: str) -> dict[str, Any]:
     [row] = [r for r in show(p, "CLIENTS") if r["application_name"] == application_name]
     return row
 
+
+__all__ = ["certs"]  # the fixture, shared with test_tls_server.py
 
 TLS_INFO = re.compile(r"^TLSv1\.[23]/[A-Z0-9_-]+$")
 

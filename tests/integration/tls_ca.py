@@ -13,6 +13,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -92,3 +93,28 @@ class CertificateAuthority:
         issued.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         _write_key(key, issued.key)
         return issued
+
+
+@dataclass(frozen=True)
+class Certificates:
+    ca: CertificateAuthority
+    server: Issued  # pypool's, for localhost and 127.0.0.1
+    client: Issued  # CN=app
+    other_ca: CertificateAuthority
+    other_server: Issued  # pypool's, signed by the other CA
+    other_client: Issued  # CN=app, signed by the other CA
+    postgres: Issued  # PostgreSQL's (test_tls_server.py): for 127.0.0.1 only, not localhost
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    base = tmp_path_factory.mktemp("tls")
+    ca = CertificateAuthority(base / "ca1", "pypool test CA 1")
+    other = CertificateAuthority(base / "ca2", "pypool test CA 2")
+    return Certificates(
+        ca, ca.issue("server", "localhost", ("localhost", "127.0.0.1")),
+        ca.issue("client-app", "app", client=True),
+        other, other.issue("server", "localhost", ("localhost", "127.0.0.1")),
+        other.issue("client-app", "app", client=True),
+        ca.issue("postgres", "127.0.0.1", ("127.0.0.1",)),
+    )
