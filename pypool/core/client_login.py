@@ -8,11 +8,13 @@ auth_query lookup, the pool, the welcome) the adapter, net/client.py, asks the p
 1. `read_startup`: the untyped first packets. An SSLRequest is answered 'S' when the
    connection's `StartupTls` offers TLS, and it returns `StartTls`: the adapter does the
    handshake and reads on with a new `read_startup`, `active` set. Else 'N', as is every
-   GSSENCRequest. Bytes behind either request were sent in the clear before its answer and
-   are refused (CVE-2021-23222); with TLS required a plaintext StartupMessage is refused
-   ("SSL required"), a CancelRequest is not. A StartupMessage newer than 3.0, or with
-   protocol options, gets NegotiateProtocolVersion. It returns at a CancelRequest or a
-   StartupMessage, whose parameters `login_names` and `tracked_parameters` then read.
+   GSSENCRequest. A ClientHello as the first bytes is direct TLS (PostgreSQL 17): also
+   `StartTls`, with those bytes. Bytes behind either request were sent in the clear
+   before its answer and are refused (CVE-2021-23222); with TLS required a plaintext
+   StartupMessage is refused ("SSL required"), a CancelRequest is not. A StartupMessage
+   newer than 3.0, or with protocol options, gets NegotiateProtocolVersion. It returns at
+   a CancelRequest or a StartupMessage, whose parameters `login_names` and
+   `tracked_parameters` then read.
 2. Until the pooler asks for a password (auth_query may be looking the user up), what the
    client sends is held, bounded: `check_held`.
 3. `check_peer`, for `auth_type = peer` instead of a password: the OS user at the other end
@@ -99,9 +101,17 @@ NO_TLS: Final = StartupTls()
 
 @dataclass(frozen=True)
 class StartTls:
-    """`read_startup` answered an SSLRequest 'S': the TLS handshake comes next, and after
-    it a new `read_startup` with `active` set. Nothing the client sent is left over (bytes
-    after the SSLRequest are refused: they were not encrypted)."""
+    """`read_startup` answered an SSLRequest 'S', or the client opened with a ClientHello
+    (direct TLS, PostgreSQL 17: `hello` holds the bytes read of it): the TLS handshake comes
+    next, and after it a new `read_startup` with `active` set. After an SSLRequest nothing
+    is left over (bytes behind it are refused: they were not encrypted)."""
+
+    hello: bytes = b""
+
+
+# The first byte of a TLS record carrying a handshake: where a startup packet's length would
+# start, a ClientHello (no startup packet is 0x16xxxxxx bytes long).
+TLS_HANDSHAKE_RECORD: Final = 0x16
 
 
 def read_startup(tls: StartupTls = NO_TLS,
@@ -109,6 +119,11 @@ def read_startup(tls: StartupTls = NO_TLS,
     """Read startup packets until a CancelRequest or a StartupMessage, or an SSLRequest
     that `tls` lets TLS start at (see the module)."""
     buffer = bytearray()
+    if tls.offered and not tls.active:
+        while not buffer:
+            buffer += yield b""
+        if buffer[0] == TLS_HANDSHAKE_RECORD:
+            return StartTls(bytes(buffer))
     while True:
         try:
             size = startup_packet_size(buffer)

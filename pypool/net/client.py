@@ -145,8 +145,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                 self.peer_uid = int(struct.unpack("3i", creds)[1])  # pid, uid, gid
             except OSError as exc:
                 log.warning("%r: unix peer uid failed: %s", self, exc)
-        self._startup = client_login.read_startup(
-            self.pooler.tls.client.startup(over_unix_socket=self.peer[0] == "unix"))
+        startup_tls = self.pooler.tls.client.startup(over_unix_socket=self.peer[0] == "unix")
+        self._startup = client_login.read_startup(startup_tls)
         next(self._startup)
         self.pooler.client_connected(self)
 
@@ -220,7 +220,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         if first is None:
             return
         if isinstance(first, StartTls):
-            self._start_tls()
+            self._start_tls(first.hello)
             return
         packet = first.packet
         if isinstance(packet, CancelRequest):
@@ -271,21 +271,32 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self._startup_buffer.clear()
             self.data_received(rest)
 
-    def _start_tls(self) -> None:
+    def _start_tls(self, hello: bytes) -> None:
         """'S' went out: what the client sends next is its TLS ClientHello, for the TLS
-        layer start_tls puts under this Protocol, not for `data_received`."""
+        layer start_tls puts under this Protocol, not for `data_received`. Direct TLS:
+        `hello` is the start of the ClientHello, already read."""
         assert self.transport is not None
-        self.transport.pause_reading()
         timeout = self.pooler.settings.pooler.client_login_timeout
+        if hello:
+            self.pooler.spawn(tls.accept_direct(self, self.pooler.tls, timeout, hello))
+            return
+        self.transport.pause_reading()
         self.pooler.spawn(tls.accept_client(self, self.pooler.tls, timeout))
 
-    def tls_started(self, transport: asyncio.Transport, client_tls: tls.ClientTls) -> None:
-        """The handshake is done: the startup packets are read again, now inside TLS."""
+    def tls_started(self, transport: asyncio.Transport, client_tls: tls.ClientTls,
+                    direct: bool = False) -> None:
+        """The handshake is done: the startup packets are read again, now inside TLS. Direct
+        TLS (no SSLRequest first) must have agreed on ALPN `postgresql`, as PostgreSQL 17
+        requires: that is what keeps a TLS connection meant for another protocol out."""
         self.transport = transport
         self.tls_info = tls.connection_info(transport, client_tls.curve)
         self._channel_binding = client_tls.channel_binding
         self._startup = client_login.read_startup(StartupTls(active=True))
         next(self._startup)
+        if direct and tls.alpn_protocol(transport) != tls.ALPN_POSTGRESQL:
+            self.fail(errors.ClientProtocolError(
+                "received direct SSL connection request without ALPN protocol negotiation "
+                "extension"))
 
     def tls_failed(self, reason: str) -> None:
         log.warning("%r: %s", self, reason)

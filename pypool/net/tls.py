@@ -6,8 +6,9 @@ connecting to PostgreSQL with TLS), built once at start and again at each reload
 a reload whose files or values do not make a working context is logged and the contexts in
 force are kept, so rotating certificates never drops anyone and a bad file breaks nothing.
 It also runs the handshakes (`accept_client`, `connect_server`, with `loop.start_tls`: the
-same Protocol keeps getting `data_received`, now decrypted, from a new transport), counts
-them for the metrics, and formats what SHOW CLIENTS / SERVERS print in their `tls` column.
+same Protocol keeps getting `data_received`, now decrypted, from a new transport; and
+`accept_direct` for direct TLS, whose ClientHello was already read), counts them for the
+metrics, and formats what SHOW CLIENTS / SERVERS print in their `tls` column.
 
 When TLS starts is not decided here: the startup packets are core/client_login.py's
 (SSLRequest answered 'S' or 'N', "SSL required") and core/server_login.py's (the
@@ -31,10 +32,11 @@ import asyncio
 import logging
 import ssl
 import warnings
-from collections.abc import Callable
+from asyncio import sslproto
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..auth.channel_binding import tls_server_end_point
 from ..core.client_login import StartupTls
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pypool.tls")
 
+ALPN_POSTGRESQL: Final = "postgresql"
 _VERIFYING: Final = ("verify-ca", "verify-full")
 _REQUIRING: Final = ("require", "verify-ca", "verify-full")
 
@@ -130,6 +133,9 @@ def client_tls(cfg: PoolerSettings) -> ClientTls:
         ctx.verify_mode = ssl.CERT_REQUIRED
     elif cfg.client_tls_ca_file:
         ctx.verify_mode = ssl.CERT_OPTIONAL  # libtls's verify_client_optional
+    # PostgreSQL's ALPN name, selected when a client offers it (libpq 17+ does); direct TLS
+    # requires it (ClientConnection.tls_started).
+    ctx.set_alpn_protocols([ALPN_POSTGRESQL])
     curve = _set_curve(ctx, cfg.client_tls_ecdhcurve)
     _check_dheparams(cfg.client_tls_dheparams)
     return ClientTls(mode, ctx, _binding_of(cfg.client_tls_cert_file), curve)
@@ -312,6 +318,45 @@ def _values(cfg: PoolerSettings, keys: tuple[str, ...]) -> tuple[object, ...]:
 # --- handshakes ----------------------------------------------------------------------------
 
 
+def accept_direct(client: ClientConnection, tls: Tls, timeout: float,
+                  hello: bytes) -> Coroutine[Any, Any, None]:
+    """PostgreSQL 17's `sslnegotiation=direct`: the client sent its ClientHello at once, no
+    SSLRequest, and `hello` is what of it `data_received` already took. loop.start_tls
+    cannot be handed bytes already read, so the TLS layer it would make is made here, the
+    same asyncio SSLProtocol, and given them; it takes over the transport now, so that the
+    rest of the handshake goes to it. The coroutine returned waits for the handshake."""
+    context = tls.client.context
+    transport = client.transport
+    assert context is not None and transport is not None
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+    layer = sslproto.SSLProtocol(loop, client, context, waiter, server_side=True,
+                                 call_connection_made=False,
+                                 ssl_handshake_timeout=timeout or None)  # type: ignore[arg-type]
+    transport.set_protocol(layer)
+    layer.connection_made(transport)
+    view = memoryview(hello)
+    while view:
+        buffer = layer.get_buffer(len(view))
+        size = min(len(buffer), len(view))
+        buffer[:size] = view[:size]
+        view = view[size:]
+        layer.buffer_updated(size)
+    return _direct_handshake(client, tls, waiter, layer)
+
+
+async def _direct_handshake(client: ClientConnection, tls: Tls, waiter: asyncio.Future[Any],
+                            layer: sslproto.SSLProtocol) -> None:
+    try:
+        await waiter
+    except Exception as exc:  # noqa: BLE001 - any failure ends this client's login
+        tls.count("client", False)
+        client.tls_failed(_reason(exc))
+        return
+    tls.count("client", True)
+    client.tls_started(layer._app_transport, tls.client, direct=True)  # noqa: SLF001
+
+
 async def accept_client(client: ClientConnection, tls: Tls, timeout: float) -> None:
     """The handshake after the 'S' answer; `client.tls_started` or `client.tls_failed`."""
     context = tls.client.context
@@ -382,6 +427,12 @@ def connection_info(transport: asyncio.BaseTransport | None, curve: str = "") ->
     cipher = ssl_object.cipher()
     info = f"{ssl_object.version()}/{cipher[0] if cipher else ''}"
     return f"{info}/ECDH={curve}" if curve else info
+
+
+def alpn_protocol(transport: asyncio.BaseTransport | None) -> str | None:
+    """The ALPN protocol the handshake selected, None for none."""
+    ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+    return ssl_object.selected_alpn_protocol() if ssl_object is not None else None
 
 
 def peer_common_names(transport: asyncio.BaseTransport | None) -> tuple[str, ...] | None:

@@ -425,3 +425,19 @@ def test_a_downgrade_is_28000() -> None:
 def test_certificate_login(secret: str | None, tls: bool, names: tuple[str, ...] | None,
                            problem: str | None) -> None:
     assert cl.cert_login_problem(USER, secret, tls, names) == problem
+
+
+CLIENT_HELLO = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
+
+
+def test_a_client_hello_first_is_direct_tls_when_offered() -> None:
+    client = Client(cl.read_startup(cl.StartupTls(offered=True, required=True)))
+    assert client.feed(CLIENT_HELLO) == cl.StartTls(CLIENT_HELLO)
+    assert not client.sent  # no 'S': there was no SSLRequest to answer
+
+
+def test_a_client_hello_without_tls_is_a_bad_packet() -> None:
+    for tls in (cl.NO_TLS, cl.StartupTls(active=True)):
+        client = Client(cl.read_startup(tls))
+        with pytest.raises(PoolerError, match="bad packet header"):
+            client.feed(CLIENT_HELLO)

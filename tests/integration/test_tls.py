@@ -47,7 +47,8 @@ def connect(p: Pooler, user: str = APP_USER, password: str = APP_PASSWORD,
 
 
 def show(p: Pooler, what: str) -> list[dict[str, Any]]:
-    with connect(p, ADMIN_USER, ADMIN_PASSWORD, "pgbouncer", sslmode="disable",
+    # Over the unix socket, which no client_tls_sslmode refuses.
+    with connect(p, ADMIN_USER, ADMIN_PASSWORD, "pgbouncer", host=str(p.ini_path.parent),
                  prepare_threshold=None) as admin:
         cur = admin.execute(f"SHOW {what}")
         names = [c.name for c in cur.description or ()]
@@ -337,3 +338,38 @@ def test_handshakes_are_counted(pooler: Callable[..., Pooler], certs: Certificat
         return found
     assert wait_for(lambda: counts().get("client/failed") == 1.0, 5), counts()
     assert counts()["client/ok"] == 1.0
+
+
+# --- direct TLS (PostgreSQL 17's sslnegotiation=direct) -------------------------------------
+
+
+@pytest.mark.skipif(psycopg.pq.version() < 170000, reason="libpq 17 brought direct TLS")
+def test_direct_tls_with_alpn(pooler: Callable[..., Pooler], certs: Certificates) -> None:
+    p = pooler(tls_settings(certs, "require"))
+    with connect(p, host="localhost", sslmode="verify-full", sslrootcert=str(certs.ca.root),
+                 sslnegotiation="direct", channel_binding="require",
+                 application_name="direct") as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert conn.pgconn.ssl_in_use
+        assert TLS_INFO.match(my_client_row(p, "direct")["tls"])
+    # libpq's usual way still works beside it.
+    with connect(p, sslmode="require", sslnegotiation="postgres") as conn:
+        assert conn.pgconn.ssl_in_use
+
+
+def test_direct_tls_without_alpn_is_refused(pooler: Callable[..., Pooler],
+                                            certs: Certificates) -> None:
+    p = pooler(tls_settings(certs, "require", auth_type="trust"))
+    context = ssl.create_default_context(cafile=str(certs.ca.root))  # no ALPN offered
+    with RawClient(p.host, p.port) as raw:
+        raw.sock = context.wrap_socket(raw.sock, server_hostname="localhost")
+        fields = raw.read_error_and_close()
+        assert (fields["C"], fields["M"]) == (
+            "08P01", "received direct SSL connection request without ALPN protocol "
+                     "negotiation extension")
+    # With ALPN `postgresql` the same raw client is served.
+    context.set_alpn_protocols(["postgresql"])
+    with RawClient(p.host, p.port) as raw:
+        raw.sock = context.wrap_socket(raw.sock, server_hostname="localhost")
+        assert raw.login(APP_USER, "app").error is None
+        assert raw.simple_query("SELECT 'direct'")[0] == [["direct"]]
