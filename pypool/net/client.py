@@ -24,11 +24,10 @@ import struct
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Final
 
-from ..core import client_login
-from ..core import ledger as lg
+from ..core import backend, client_login
 from ..core.client_login import Authenticated, FirstPacket, StartTls, StartupTls
 from ..core.exchange import advance
-from ..core.ledger import FrontendLedger
+from ..core.frontend import RequestReader
 from ..core.states import ClientEvent, ClientState, client_transition
 from ..pooling import prepared
 from ..pooling.params import canonical_name, same_encoding
@@ -85,9 +84,10 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self.wait_notified = False  # query_wait_notify's NOTICE sent for this wait
         self.check_failures = 0  # servers in a row that failed server_check_query for it
         self.tx_status = m.TX_IDLE
-        self.ledger = FrontendLedger()
-        self._drop = 0  # bytes still to drop of a message the ledger said to drop
-        self._need = 0  # size `_partial` must reach before it holds a whole message
+        # What the client sends after login: framed, counted by its ledger and rewritten
+        # for prepared statements (core/frontend.py).
+        self.reader = RequestReader(pooler.settings.pooler.max_packet_size)
+        self.ledger = self.reader.ledger
         self.writing_paused = False  # our socket is above its high-water mark
         self._outbox_size = 0
         self.close_after_release = False
@@ -95,11 +95,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         # A driver segment in the outbox, and the end of its Bind (see _relay's fast path).
         self._outbox_segment: tuple[bytes, int] = (b"", 0)
         # Prepared-statement rewriting (None when off: session mode, max_prepared_statements
-        # = 0, the admin console). While `_blocked`, what the client sends waits: uncounted
-        # bytes in `_partial`, counted ones taken from the outbox in `_held`.
+        # = 0, the admin console).
         self.statements: prepared.ClientStatements | None = None
-        self._blocked = False
-        self._held = b""
         # The login (core/client_login.py): the startup packet's exchange, what the client
         # sends between its StartupMessage and start_auth(), then the password exchange.
         self._startup: Generator[bytes, bytes, FirstPacket | StartTls] = (
@@ -111,8 +108,6 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self._channel_binding: bytes | None = None
         self._startup_buffer = bytearray()
         self._auth: Generator[bytes, bytes, Authenticated] | None = None
-        self._skip = 0
-        self._partial = bytearray()
         self._reading_paused = False
         self._max_packet = pooler.settings.pooler.max_packet_size
 
@@ -182,7 +177,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                 self._auth_data(data)
             elif self.state is ClientState.WELCOME:
                 # Nothing is expected before ReadyForQuery; keep it for later.
-                self._partial += data
+                self.reader.partial += data
         except PoolerError as exc:
             self.fail(exc)
         except FramingError as bad:  # own name: mypyc types a name by its first except
@@ -322,7 +317,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self.write(done.reply)
         self.authenticated(done.client_key)
         if self.state is not ClientState.AUTH and done.rest:
-            self._partial += done.rest
+            self.reader.partial += done.rest
 
     def authenticated(self, scram_client_key: bytes | None) -> None:
         """The password checked out. AuthenticationOk waits for the welcome, so that an
@@ -348,6 +343,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             if canonical_name(name, self.pooler.settings.pooler.track_extra_parameters):
                 self.params.setdefault(name, value)
         out.append(m.backend_key_data(*self.cancel_key))
+        self.reader.admin = self.admin is not None
         out.append(m.ready_for_query(m.TX_IDLE))
         self.write(b"".join(out))
         self.on(ClientEvent.WELCOMED)
@@ -358,157 +354,37 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self.statements = prepared.ClientStatements(
                 self.pooler.statement_registry, cfg.max_client_prepared_statements
             )
+            self.reader.rewriting = True
         self.carry_on()
 
-    # --- the hot path: client to server ---------------------------------------------------
+    # --- the hot path: client to server (framing, counting, rewriting: core/frontend.py) ---
 
     def _relay(self, data: bytes) -> None:
-        """Walk the client's message headers, keep the reply bookkeeping, forward the bytes
-        to the linked server (or hold them until one is assigned)."""
-        if self._blocked:
-            self._partial += data
-            return
-        if self._partial:
-            # An incomplete message waits for its end: gather the pieces, and walk them
-            # only once it is whole (a 64 MiB Bind arrives in thousands of reads).
-            partial = self._partial
-            partial += data
-            if len(partial) < self._need:
-                return
-            data = bytes(partial)
-            partial.clear()
-            self._need = 0
-        if self._drop:
-            if len(data) <= self._drop:
-                self._drop -= len(data)
-                return
-            data = data[self._drop :]
-            self._drop = 0
-        n = len(data)
-        pos = self._skip
-        if pos >= n:
-            self._skip = pos - n
-            self._forward(data)
-            return
-        self._skip = 0
+        """Feed the client's bytes to the request reader and send what it returns to the
+        linked server (or keep it until one is assigned)."""
         server = self.server
-        ledger = self.ledger
-        if pos == 0 and self.statements is not None and not ledger.unsynced:
-            # The steady state of libpq-style drivers: one whole Bind, Describe, Execute,
-            # Sync of a prepared statement, done in one step (ServerStatements.bind_segment).
-            bind_end = prepared.driver_segment(data)
-            if 13 <= bind_end <= self._max_packet:
-                st = server.statements if server is not None else None
-                fast = data if st is None else st.bind_segment(data, bind_end)
-                if fast is not None:
-                    if not ledger.pending:
-                        self.query_start = self.pooler.now()
-                        if self.tx_status == m.TX_IDLE:
-                            self.xact_start = self.query_start
-                    ledger.request(_SYNC)
-                    if st is None and not self._outbox:
-                        # take_outbox need not look again at these very bytes
-                        self._outbox_segment = (fast, bind_end)
-                    self._forward(fast)
-                    if st is not None and server is not None:
-                        self._sent(server, st)
-                    return
-        was_idle = ledger.idle()
-        admin = self.admin is not None
-        max_packet = self._max_packet
-        # Prepared statements: messages to rewrite are read whole (so are all messages while
-        # there is no server), and `parts` collects the rewritten bytes up to `start`.
-        rewriting = self.statements is not None
-        st = server.statements if rewriting and server is not None else None
-        parts: list[bytes] = []
-        start = 0
-        while n - pos >= 5:
-            kind = data[pos]
-            size = int.from_bytes(data[pos + 1 : pos + 5], "big") + 1
-            if size < 5 or size > max_packet:
-                self._forward(self._rewritten(data, pos, parts, start))
-                raise errors.ClientProtocolError(f"invalid packet length {size - 1}")
-            if rewriting:
-                end = pos + size
-                if end > n and (st is None or _WHOLE[kind] or st.discarding):
-                    break
-                # A Sync in copy-in is ignored by PostgreSQL: no request for its queue either.
-                if st is not None and _REQUESTS[kind] and not (
-                        kind == _SYNC and ledger.copy == _COPY_IN):
-                    try:
-                        out = st.from_client(kind, data, pos, end)
-                    except (ValueError, IndexError):
-                        self._forward(self._rewritten(data, pos, parts, start))
-                        raise errors.ClientProtocolError(
-                            f"malformed message of type {chr(kind)!r}") from None
-                    if out is not None:
-                        if out is prepared.WAIT:
-                            self._blocked = True  # resume_rewriting() carries on from here
-                            break
-                        if start < pos:
-                            parts.append(data[start:pos])
-                        parts.append(out)  # type: ignore[arg-type]
-                        start = end
-            action = _ACTION[kind]
-            if action == _OPENS_SEGMENT:
-                ledger.segment()
-            elif action == _OWES_READY:
-                ledger.request(kind)
-            elif action == _FLUSH or action == _COPY_MESSAGE:
-                # Flush asks for pending output and owes no reply of its own: it must not
-                # pin a server (psycopg's pipeline sends one after its Sync). With nothing
-                # owed and no server, it is dropped rather than take a server for nothing.
-                # CopyData/CopyDone/CopyFail when nothing is owed belong to a COPY that
-                # already failed: PostgreSQL would ignore them, and no reply will come.
-                if action == _FLUSH:
-                    drop = self.server is None and ledger.idle() and size == 5
-                else:
-                    drop = not ledger.copy_message(kind)
-                if drop:
-                    if pos:
-                        self._forward(self._rewritten(data, pos, parts, start))
-                    end = pos + size
-                    if end > n:
-                        self._drop = end - n
-                        return
-                    data = data[end:]
-                    n, pos, parts, start = len(data), 0, [], 0
-                    continue
-            elif action == _TERMINATE:
-                if pos:
-                    self._forward(self._rewritten(data, pos, parts, start))
-                self.close("client sent Terminate")
-                return
-            else:
-                if pos:
-                    self._forward(self._rewritten(data, pos, parts, start))
-                raise errors.ClientProtocolError(f"unsupported pkt type: {kind}")
-            if admin and kind != _QUERY:
-                raise PoolerError("extended query protocol not supported by admin console")
-            pos += size
-        if pos > n:
-            self._skip = pos - n
-        elif pos < n:
-            self._partial[:] = memoryview(data)[pos:]
-            # The whole message's size once its header is here (else its header's).
-            self._need = (int.from_bytes(data[pos + 1 : pos + 5], "big") + 1
-                          if n - pos >= 5 else 5)
-            data = data[:pos]
-        if was_idle and not ledger.idle():
+        st = server.statements if server is not None and self.statements is not None else None
+        reader = self.reader
+        out = reader.feed(data, st, server is not None)
+        if reader.began:
             self.query_start = self.pooler.now()
             if self.tx_status == m.TX_IDLE:
                 self.xact_start = self.query_start
-        if parts:
-            if start < len(data):
-                parts.append(data[start:])
-            data = b"".join(parts)
-        if data:
-            self._forward(data)
+        if out:
+            if reader.segment_end and not self._outbox:
+                # take_outbox need not look again at these very bytes
+                self._outbox_segment = (out, reader.segment_end)
+            self._forward(out)
             if st is not None and server is not None:
                 self._sent(server, st)
         elif st is not None and st.tracking == 2 and server is not None:
             if server.client is self and server.at_message_boundary():
                 self.write(st.emit_synthetic())
+        if reader.terminated:
+            self.close("client sent Terminate")
+        elif reader.error is not None:
+            exc, reader.error = reader.error, None
+            raise exc
 
     def _sent(self, server: ServerConnection, st: prepared.ServerStatements) -> None:
         """After the client's messages went to its server: let waiting clients queue behind
@@ -519,13 +395,6 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self.pooler.pipeline(server)
         if st.tracking == 2 and server.client is self and server.at_message_boundary():
             self.write(st.emit_synthetic())
-
-    @staticmethod
-    def _rewritten(data: bytes, pos: int, parts: list[bytes], start: int) -> bytes:
-        """The bytes for the server up to `pos`: the rewritten ones, then the rest as is."""
-        if not parts:
-            return data[:pos]
-        return b"".join(parts) + data[start:pos]
 
     def _forward(self, data: bytes) -> None:
         server = self.server
@@ -570,60 +439,33 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
 
     def _rewrite_whole(self, st: prepared.ServerStatements, data: bytes,
                        bind_end: int = 0) -> bytes:
-        """Rewrite whole, already counted messages; on WAIT keep the rest in `_held`.
-        `bind_end`: data is a driver segment with its Bind ending there, if known."""
-        bind_end = bind_end or (prepared.driver_segment(data) if data else 0)
-        if bind_end:
-            fast = st.bind_segment(data, bind_end)
-            if fast is not None:
-                return fast
-        parts = []
-        start = pos = 0
-        n = len(data)
-        while pos < n:
-            kind = data[pos]
-            end = pos + 1 + int.from_bytes(data[pos + 1 : pos + 5], "big")
-            if _REQUESTS[kind]:
-                try:
-                    out = st.from_client(kind, data, pos, end)
-                except (ValueError, IndexError):
-                    # A malformed message: send what came before it, then drop the client
-                    # (not from here: this may run inside the server's relay).
-                    exc = errors.ClientProtocolError(f"malformed message of type {chr(kind)!r}")
-                    self.pooler.loop.call_soon(self.fail, exc)
-                    n = pos
-                    break
-                if out is not None:
-                    if out is prepared.WAIT:
-                        self._blocked = True
-                        self._held = data[pos:]
-                        n = pos
-                        break
-                    parts.append(data[start:pos])
-                    parts.append(out)  # type: ignore[arg-type]
-                    start = end
-            pos = end
-        if not parts:
-            return data[:n]
-        parts.append(data[start:n])
-        return b"".join(parts)
+        """Rewrite whole, already counted messages (core/frontend.py). A malformed one:
+        what came before it is sent, then the client dropped (not from here: this may run
+        inside the server's relay)."""
+        reader = self.reader
+        out = reader.rewrite_whole(st, data, bind_end)
+        if reader.error is not None:
+            exc, reader.error = reader.error, None
+            self.pooler.loop.call_soon(self.fail, exc)
+        return out
 
     def resume_rewriting(self) -> None:
         """The reply a WAIT depended on has come (or the server was released): carry on
         with what the client sent meanwhile."""
-        if not self._blocked:
+        reader = self.reader
+        if not reader.blocked:
             return
-        self._blocked = False
+        reader.blocked = False
         server = self.server
         if server is not None:
             server.statements.blocked = False
-        held, self._held = self._held, b""
+        held, reader.held = reader.held, b""
         if held:
             if server is not None:
                 out = self._rewrite_whole(server.statements, held)
                 if out:
                     server.send(out)
-                if self._blocked:
+                if reader.blocked:
                     return
             else:
                 self._forward(held)
@@ -631,72 +473,45 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
 
     def carry_on(self) -> None:
         """Relay what the client sent while it had to wait (login, a WAIT, a SET)."""
-        if self._partial:
-            rest = bytes(self._partial)
-            self._partial.clear()
-            self._need = 0
-            self._relay(rest)
+        if self.reader.partial:
+            self._relay(self.reader.take_partial())
 
     def params_seen(self, name: str, value: str) -> None:
         """A ParameterStatus from the linked server: the client's setting changed."""
         self.params[name] = value
 
     def ready_for_query(self, status: int) -> None:
-        """Called by the linked server for each ReadyForQuery it forwards to this client."""
+        """Called by the linked server for each ReadyForQuery it forwards to this client:
+        the ledger says what it means for the server (core/backend.py `after_ready`)."""
         self.tx_status = status
         pool = self.pool
         assert pool is not None
         stats = pool.stats
         stats.query_count += 1
-        ledger = self.ledger
-        if not ledger.ready():
+        server = self.server
+        mode = pool.limits.pool_mode
+        verdict = backend.after_ready(self.ledger, status, mode, self.state is ClientState.CLOSED,
+                                      server is not None and bool(server.chain))
+        if verdict == backend.OWED:
             return
-        if ledger.doubtful and self.server is not None:
-            # The count of replies owed may be wrong (core/ledger.py): never hand it on.
-            self.server.close("reply bookkeeping in doubt after a failed COPY")
+        if verdict == backend.CLOSE_DOUBT:
+            if server is not None:
+                # The count of replies owed may be wrong (core/ledger.py): never hand it on.
+                server.close("reply bookkeeping in doubt after a failed COPY")
             return
         now = self.pooler.now()
         stats.query_time_us += int((now - self.query_start) * 1e6)
         self.state_since = now
-        mode = pool.limits.pool_mode
-        if status == m.TX_IDLE:
-            if mode != "session":
-                self.pooler.release(self, now)
-            else:
-                stats.xact_count += 1
-        elif self.state is ClientState.CLOSED or (
-            self.server is not None and self.server.chain
-        ):
-            # A client that left inside a transaction (its replies were still to come behind
-            # a pipeline), or a pipelined transaction that did not end at its Sync: the server
-            # cannot serve anyone else. Closing it rolls the transaction back.
-            assert self.server is not None
-            self.server.close("transaction still open where the pipeline expected none")
-        elif mode == "statement":
+        if verdict == backend.RELEASE:
+            self.pooler.release(self, now)
+        elif verdict == backend.SESSION_XACT:
+            stats.xact_count += 1
+        elif verdict == backend.CLOSE_OPEN:
+            assert server is not None
+            server.close("transaction still open where the pipeline expected none")
+        elif verdict == backend.STATEMENT_REFUSED:
             self.fail(PoolerError("transaction blocks not allowed in statement pooling mode"))
 
 
 # What a client without a server may have sent before its reads are paused (bytes).
 OUTBOX_HIGH_WATER: Final = 1 << 20
-
-
-def _table(*kinds: int, value: int = 1) -> tuple[int, ...]:
-    """A tuple indexed by message type byte: `value` for `kinds`, else 0 (a tuple index is
-    the cheapest lookup the hot path can make)."""
-    return tuple(value if kind in kinds else 0 for kind in range(256))
-
-
-# What each frontend message type means for the reply bookkeeping (core/ledger.py).
-_ACTION: Final = lg.ACTION
-_OWES_READY: Final = lg.OWES_READY
-_OPENS_SEGMENT: Final = lg.OPENS_SEGMENT
-_FLUSH: Final = lg.FLUSH
-_TERMINATE: Final = lg.TERMINATE
-_COPY_MESSAGE: Final = lg.COPY_MESSAGE
-_COPY_IN: Final = lg.COPY_IN
-_QUERY: Final = m.QUERY
-_SYNC: Final = m.SYNC
-# Prepared statements: what the rewriting reads whole, and the requests it queues.
-_WHOLE: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.QUERY)
-_REQUESTS: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.EXECUTE, m.SYNC, m.QUERY,
-                   m.FUNCTION_CALL)

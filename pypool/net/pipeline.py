@@ -132,7 +132,7 @@ def can_follow_any(server: ServerConnection) -> bool:
     st = server.statements
     return not (last is None or last.ledger.pending != 1 or last.ledger.unsynced
                 or last.ledger.copy
-                or last.tx_status != m.TX_IDLE or last._blocked or last._partial or last._skip
+                or last.tx_status != m.TX_IDLE or not last.reader.idle()
                 or server.hidden_syncs or server.close_reason or not st.neutral_tail()
                 or st.undoable or st.blocked or st.discarding)
 
@@ -152,7 +152,7 @@ def follow(server: ServerConnection, client: ClientConnection) -> bytes:
     for that server, is returned to be sent."""
     last = server.chain[-1] if server.chain else server.client
     assert last is not None
-    last._blocked = True  # what it sends from now on waits for a server of its own
+    last.reader.blocked = True  # what it sends from now on waits for a server of its own
     server.chain.append(client)
     client.server = server
     client.on(ClientEvent.LINKED)
@@ -163,7 +163,7 @@ def follow(server: ServerConnection, client: ClientConnection) -> bytes:
 def hand_on(pooler: Pooler, server: ServerConnection, now: float) -> None:
     """The head of the line is done: the next client in it is linked from now on."""
     client = server.chain.popleft()
-    server.client = client
+    server.link(client)
     pool = server.pool
     if client.state is not ClientState.CLOSED:
         stats = pool.stats

@@ -1,15 +1,14 @@
-"""One connection from the pooler to PostgreSQL: its login, and the server-to-client hot path.
+"""One connection from the pooler to PostgreSQL: an asyncio adapter around the sans-IO core.
 
 States: CONNECTING, LOGIN, IDLE, ACTIVE, CLOSED, changed only through the (state, event)
 table in core/states.py, which says what each means.
 
-The server is never handed on while replies are owed: the release decision is taken on a
-ReadyForQuery with status `I` when the linked client owes nothing more (see client.py).
-Replies to queries the pooler sends itself (SET for session parameters, the reset query)
-are counted in `hidden_syncs` and swallowed up to their ReadyForQuery. While prepared
-statements are rewritten (`statements`, see pooling/prepared/) and the request at the head
-of its queue needs it, replies are read one message at a time and matched to their requests;
-a plain Query or Sync at the head leaves the hot path as it is.
+The login is core/server_login.py's exchange; after it, every byte the server sends goes to
+the reply reader (core/replies.py), which frames it, keeps the backend ledger of the pooler's
+own queries (core/backend.py) and says where to act. This Protocol writes what the reader
+leaves for the linked client, tells the client of each ReadyForQuery (the client's ledger
+decides a release), settles the pooler's own queries with the pooler, and carries flow
+control. The server is never handed on while replies are owed.
 """
 
 from __future__ import annotations
@@ -19,9 +18,11 @@ import logging
 import socket
 from collections import deque
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
-from ..core import server_login
+from ..core import backend as backend_ledger
+from ..core import replies, server_login
+from ..core.backend import HIDDEN_CHECK, HIDDEN_PLAIN
 from ..core.exchange import advance
 from ..core.server_login import LoggedIn, ServerLoginError
 from ..core.states import ServerEvent, ServerState, server_transition
@@ -40,19 +41,6 @@ log = logging.getLogger("pypool.server")
 
 
 _ids = iter(range(1, 1 << 62))
-# Replies the hot path passes through without a look, indexed by type byte (every type but
-# ReadyForQuery, ParameterStatus, ErrorResponse, CommandComplete and the three that start a
-# COPY, which the client's ledger must see: core/ledger.py).
-_COPY_RESPONSES: Final = (m.COPY_IN_RESPONSE, m.COPY_OUT_RESPONSE, m.COPY_BOTH_RESPONSE)
-_LOOKED_AT: Final = (m.READY_FOR_QUERY, m.PARAMETER_STATUS, m.ERROR_RESPONSE,
-                     m.COMMAND_COMPLETE) + _COPY_RESPONSES
-_STREAMED: Final = tuple(kind not in _LOOKED_AT for kind in range(256))
-
-
-# What a pooler-issued query is for (ServerConnection._hidden).
-HIDDEN_PLAIN: Final = 0  # reset query, connect_query: replies swallowed, errors logged
-HIDDEN_CHECK: Final = 1  # server_check_query before a client's requests
-HIDDEN_SET: Final = 2  # the client's session parameters before its requests
 
 
 class ServerConnection(ReadingSwitch, asyncio.Protocol):
@@ -73,26 +61,16 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.state = ServerState.CONNECTING
         self.transport: asyncio.Transport | None = None
         self.client: ClientConnection | None = None
-        self.params: dict[str, str] = {}
         self.backend_pid = 0
         self.backend_secret = 0
         now = pooler.now()
         self.connect_time = now
         self.request_time = now  # when last linked or released
-        self.hidden_syncs = 0
         # CancelRequests aimed at this server's backend not yet known to have landed: while
         # any is, the server is handed to no one (Pool.being_canceled).
         self.cancels_in_flight = 0
-        self._setting: list[str] = []  # parameters a hidden SET in flight changes
-        # What each pooler-issued query in flight is for, oldest first (one per hidden
-        # ReadyForQuery), and the error the oldest one got, if any: each reply is matched to
-        # its own query, so a failing connect_query is never taken for the SET behind it.
-        self._hidden: list[int] = []
-        self._hidden_error: dict[str, str] | None = None
-        # The client whose requests wait for the check's and SET's replies (pooler.link),
-        # and whether server_check_query's reply is still to come.
+        # The client whose requests wait for the check's and SET's replies (pooler.link).
         self.setting_for: ClientConnection | None = None
-        self.checking = False
         # Clients whose transactions are queued on this server behind the linked client's,
         # in order (net/pipeline.py); their replies follow its ReadyForQuery.
         self.chain: deque[ClientConnection] = deque()
@@ -102,7 +80,13 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             pooler.statement_registry, pooler.settings.pooler.max_prepared_statements,
             pool.stats,
         )
+        # Everything read after the login: framing, the backend ledger, the server's
+        # session parameters (core/replies.py).
+        self.reader = replies.ReplyReader(self.statements, pool.stats)
+        self.backend = self.reader.backend
+        self.params = self.reader.params
         self.close_reason = ""
+        self.reader.name = repr(self)
         self.local_port = 0
         self.ready: asyncio.Future[None] = pooler.loop.create_future()
         # The login exchange (core/server_login.py), from connection_made to ReadyForQuery.
@@ -111,10 +95,6 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         # SERVERS ("" in plaintext).
         self._awaiting_tls_answer = False
         self.tls_info = ""
-        # Hot-path framing state: bytes of an unparsed message body still to pass through,
-        # and an incomplete message held back until its end arrives.
-        self._skip = 0
-        self._partial = b""
         self._reading_paused = False
         self.writing_paused = False  # our socket to PostgreSQL is above its high-water mark
         # Requests queued by `send_soon`, written together when this round of the event loop
@@ -223,10 +203,32 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
                 self.transport.write(data)
 
     def send_hidden_query(self, sql: str, purpose: int = HIDDEN_PLAIN) -> None:
-        """Send a query whose replies the client must not see."""
-        self.hidden_syncs += 1
-        self._hidden.append(purpose)
+        """Send a query whose replies the client must not see (core/backend.py)."""
+        self.backend.query(purpose)
         self.send(m.query(sql))
+
+    @property
+    def hidden_syncs(self) -> int:
+        """Pooler-issued queries still to be answered."""
+        return len(self.backend.hidden)
+
+    @property
+    def checking(self) -> bool:
+        """server_check_query's reply is still to come."""
+        return self.backend.checking
+
+    def link(self, client: ClientConnection | None) -> None:
+        """Serve `client` from now on (None: nobody); its ledger and session parameters
+        are what the reply reader keeps up to date."""
+        self.client = client
+        reader = self.reader
+        if client is None:
+            reader.frontend = None
+            reader.client_params = None
+        else:
+            reader.frontend = client.ledger
+            reader.client_params = client.params
+            reader.statement_mode = self.pool.limits.pool_mode == "statement"
 
     def prepare_for(self, client: ClientConnection, check_query: str) -> None:
         """What must succeed before `client`'s requests may go: `check_query` (if any),
@@ -234,7 +236,6 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         told how it went (parameters_applied, check_failed, parameters_failed)."""
         self.setting_for = client
         if check_query:
-            self.checking = True
             self.send_hidden_query(check_query, HIDDEN_CHECK)
         if not covers(self.params, client.params):
             self.send_parameters(client)
@@ -250,9 +251,10 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         client's values become the server's, whichever way it went; else the next link would
         send the same SET again."""
         wanted = client.params
-        self._setting = [name for name, value in wanted.items() if self.params.get(name) != value]
+        names = [name for name, value in wanted.items() if self.params.get(name) != value]
         self.setting_for = client
-        self.send_hidden_query(set_statements(wanted, self.params), HIDDEN_SET)
+        self.backend.parameters(names)
+        self.send(m.query(set_statements(wanted, self.params)))
 
     # --- login ----------------------------------------------------------------------------
 
@@ -322,181 +324,35 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             self.ready.set_exception(exc)
         self.close(f"login failed: {exc}")
 
-    # --- the hot path: server to client ---------------------------------------------------
+    # --- the hot path: server to client (framing and judging: core/replies.py) -------------
 
     def _relay(self, data: bytes) -> None:
-        """Forward the server's bytes to the linked client, acting on the few messages that
-        matter: ReadyForQuery (release), ParameterStatus (tracking), ErrorResponse
-        (counting), CommandComplete of DISCARD/DEALLOCATE ALL. Everything else streams
-        through untouched, unless the prepared-statement queue says otherwise."""
-        if self._partial:
-            data = self._partial + data
-            self._partial = b""
-        n = len(data)
-        pos = self._skip
-        st = self.statements
-        if pos >= n and not self.hidden_syncs:
-            self._skip = pos - n
-            if self.client is not None:
-                self.client.write(data)
-            if st.tracking == 2 and not self._skip:
-                self._write_synthetic()
-            return
-        self._skip = 0
-        out = 0  # start of the bytes not yet written to the client
-        while n - pos >= 5:
-            kind = data[pos]
-            end = pos + 1 + int.from_bytes(data[pos + 1 : pos + 5], "big")
-            if _STREAMED[kind] and not st.tracking and not self.hidden_syncs:
-                # BindComplete, RowDescription, DataRow, ...: nothing to act on.
-                if end > n:
-                    self._skip = end - n
-                    pos = n
-                    break
-                pos = end
-                continue
-            if st.tracking and not self.hidden_syncs:
-                # The slow path: this reply is matched to the request at the queue's head.
+        """Feed the server's bytes to the reply reader, write what it leaves for the client,
+        and act where it stops: a client's ReadyForQuery, a settled pooler-issued query."""
+        reader = self.reader
+        event = reader.feed(data)
+        while True:
+            out = reader.out
+            if out:
                 client = self.client
-                if st.tracking == 2:  # a reply the pooler makes goes out before this one
-                    synthetic = st.emit_synthetic()
-                    if client is not None:
-                        if out < pos:
-                            client.write(data[out:pos])
-                        client.write(synthetic)
-                    out = pos
-                    continue
-                if end > n:
-                    if (kind == m.DATA_ROW or kind == m.COPY_DATA) and not st.queue[0][1]:
-                        self._skip = end - n  # stream long rows; they complete nothing
-                        pos = n
-                    break
-                if (kind == m.COMMAND_COMPLETE or kind == m.ERROR_RESPONSE
-                        or kind == m.READY_FOR_QUERY):
-                    body = data[pos + 5 : end]
-                    if kind == m.ERROR_RESPONSE:
-                        errs = self.pool.stats.errors
-                        errs["server"] = errs.get("server", 0) + 1
-                        if client is not None:
-                            client.ledger.copy_failed()
-                elif kind == m.PARAMETER_STATUS:
-                    body = data[pos + 5 : end]
-                    self._parameter_status(body)
-                else:
-                    if kind in _COPY_RESPONSES and client is not None:
-                        struck = client.ledger.copy_started(kind)
-                        if struck:
-                            st.ignored_syncs(struck)
-                    body = b""
-                verdict = st.reply(kind, body)
-                if verdict or st.to_client:
-                    if verdict == prepared.READY:
-                        if (data[pos + 5] != m.TX_IDLE
-                                and self.pool.limits.pool_mode == "statement"):
-                            stop = pos  # withheld, as on the hot path below
-                        else:
-                            stop = end
-                    else:
-                        stop = pos if verdict else end
-                    if client is not None and out < stop:
-                        client.write(data[out:stop])
-                    out = end
-                    if client is not None and verdict == prepared.REPLACE:
-                        client.write(st.replacement)
-                    if verdict == prepared.READY and client is not None:
-                        # This may hand the server to the next client of its chain: the
-                        # synthesised replies that follow are that client's.
-                        client.ready_for_query(data[pos + 5])
-                        client = self.client
-                        if self.close_reason:
-                            return
-                    if st.to_client:
-                        if client is not None:
-                            client.write(b"".join(st.to_client))
-                        st.to_client.clear()
-                pos = end
-                continue
-            if kind == m.READY_FOR_QUERY or kind == m.PARAMETER_STATUS or self.hidden_syncs:
-                if end > n:
-                    break
-                if self.hidden_syncs:
-                    client = self.client
-                    if client is not None and out < pos:
-                        client.write(data[out:pos])
-                    out = end
-                    self._hidden_message(kind, data[pos + 5 : end])
-                elif kind == m.READY_FOR_QUERY:
-                    client = self.client
-                    if st.queue:
-                        st.pop_ready(data[pos + 5])
-                    if client is None:
-                        out = end
-                    elif data[pos + 5] != m.TX_IDLE and self.pool.limits.pool_mode == "statement":
-                        # As PgBouncer: the ReadyForQuery is withheld, so the statement that
-                        # opened the transaction fails (ready_for_query sends the FATAL).
-                        client.write(data[out:pos])
-                        out = end
-                        client.ready_for_query(data[pos + 5])
-                    else:
-                        client.write(data[out:end])
-                        out = end
-                        client.ready_for_query(data[pos + 5])
-                        if st.to_client:  # for whoever is linked now (net/pipeline.py)
-                            if self.client is not None:
-                                self.client.write(b"".join(st.to_client))
-                            st.to_client.clear()
-                        if self.close_reason:
-                            return
-                else:
-                    self._parameter_status(data[pos + 5 : end])
-            elif kind == m.ERROR_RESPONSE:
-                if st.queue and st.queue[0][2] == prepared.OP_RENAME:
-                    # A folded segment of the client's statements: name them in the error.
-                    if end > n:
-                        break
-                    renamed = st.renamed_error(data[pos + 5 : end])
-                    if renamed is not None:
-                        client = self.client
-                        if client is not None:
-                            if out < pos:
-                                client.write(data[out:pos])
-                            client.write(renamed)
-                        out = end
-                self.pool.stats.errors["server"] = self.pool.stats.errors.get("server", 0) + 1
-                if self.client is not None:
-                    self.client.ledger.copy_failed()
-                if end > n:
-                    self._skip = end - n
-                    pos = n
-                    break
-            elif kind == m.COMMAND_COMPLETE:
-                if end > n:
-                    break  # small: wait for all of it
-                if data[pos + 5] == 68:  # "D": DISCARD ALL, DEALLOCATE ALL drop statements
-                    st.command_tag(data[pos + 5 : end])
-            elif kind in _COPY_RESPONSES:
-                if self.client is not None:
-                    struck = self.client.ledger.copy_started(kind)
-                    if struck:
-                        st.ignored_syncs(struck)
-                if end > n:
-                    self._skip = end - n
-                    pos = n
-                    break
-            elif end > n:
-                self._skip = end - n
-                pos = n
+                if client is not None:
+                    client.write(out[0] if len(out) == 1 else b"".join(out))
+                out.clear()
+            if event == replies.READY:
+                client = self.client
+                if client is not None:
+                    # This may hand the server to the next client of its line (pipeline.py).
+                    client.ready_for_query(reader.status)
+                    if self.close_reason:
+                        return
+            elif event == replies.HIDDEN:
+                self._hidden_outcome(reader.outcome)
+            else:
                 break
-            pos = end
-        if pos < n:
-            self._partial = data[pos:]
-        if out < pos:
-            client = self.client
-            if client is not None:
-                client.write(data[out:pos] if out or pos < n else data)
-        if st.tracking == 2 and not self._skip and not self._partial:
-            self._write_synthetic()
-        if st.blocked:
+            if not reader.more():
+                break
+            event = reader.feed(b"")
+        if self.statements.blocked:
             # The client whose messages wait is the last one queued on this server.
             sender = self.chain[-1] if self.chain else self.client
             if sender is not None:
@@ -504,54 +360,23 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
 
     def at_message_boundary(self) -> bool:
         """Whether the next byte from the server starts a message (nothing half-relayed)."""
-        return not self._skip and not self._partial
+        return self.reader.at_message_boundary()
 
-    def _write_synthetic(self) -> None:
-        synthetic = self.statements.emit_synthetic()
-        if self.client is not None and synthetic:
-            self.client.write(synthetic)
-
-    def _parameter_status(self, body: bytes) -> None:
-        name, value = m.parse_parameter_status(body)
-        self.params[name] = value
-        if self.client is not None:
-            self.client.params_seen(name, value)
-
-    def _hidden_message(self, kind: int, body: bytes) -> None:
-        if kind == m.READY_FOR_QUERY:
-            self.hidden_syncs -= 1
-            purpose = self._hidden.pop(0) if self._hidden else HIDDEN_PLAIN
-            error, self._hidden_error = self._hidden_error, None
-            if purpose == HIDDEN_CHECK:
-                self.checking = False
-                client = self.setting_for
-                if error is not None:
-                    self._setting = []
-                    self.setting_for = None
-                    self.pooler.check_failed(self, client, error.get("M", ""))
-                elif not self._setting:
-                    self.setting_for = None
-                    if client is not None and client is self.client:
-                        self.pooler.parameters_applied(self, client)
-            elif purpose == HIDDEN_SET and self._setting:
-                names, self._setting = self._setting, []
-                client, self.setting_for = self.setting_for, None
-                if client is None or client is not self.client:
-                    return  # it left meanwhile
-                if error is not None:
-                    self.pooler.parameters_failed(self, client, error)
-                    return
-                for name in names:
-                    if name in self.params:
-                        client.params_seen(name, self.params[name])
-                self.pooler.parameters_applied(self, client)
-        elif kind == m.PARAMETER_STATUS:
-            self._parameter_status(body)
-        elif kind == m.COMMAND_COMPLETE:
-            self.statements.command_tag(body)  # a reset query's DISCARD ALL
-        elif kind == m.ERROR_RESPONSE:
-            fields = m.parse_error_fields(body)
-            self._hidden_error = fields
-            log.warning("%r: pooler-issued query failed: %s %s", self, fields.get("C"),
-                        fields.get("M"))
-
+    def _hidden_outcome(self, outcome: int) -> None:
+        """A pooler-issued query settled (core/backend.py says how)."""
+        client = self.setting_for
+        backend = self.backend
+        if outcome == backend_ledger.CHECK_FAILED:
+            self.setting_for = None
+            self.pooler.check_failed(self, client, backend.last_error.get("M", ""))
+            return
+        self.setting_for = None
+        if client is None or client is not self.client:
+            return  # it left meanwhile
+        if outcome == backend_ledger.SET_FAILED:
+            self.pooler.parameters_failed(self, client, backend.last_error)
+            return
+        for name in backend.applied:
+            if name in self.params:
+                client.params_seen(name, self.params[name])
+        self.pooler.parameters_applied(self, client)

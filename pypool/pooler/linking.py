@@ -79,7 +79,7 @@ def link(pooler: Pooler, client: ClientConnection, server: ServerConnection) -> 
     pool.login.discard(server)
     pool.active.add(server)
     client.server = server
-    server.client = client
+    server.link(client)
     client.on(ClientEvent.LINKED)
     server.on(ServerEvent.LINKED)
     client.link_time = now
@@ -90,7 +90,7 @@ def link(pooler: Pooler, client: ClientConnection, server: ServerConnection) -> 
     if check or not covers(server.params, client.params):
         # What the client sent waits for the check's and the SET's replies
         # (parameters_applied, check_failed, parameters_failed).
-        client._blocked = True
+        client.reader.blocked = True
         server.prepare_for(client, check)
         return
     _send_outbox(pooler, client, server)
@@ -99,10 +99,10 @@ def link(pooler: Pooler, client: ClientConnection, server: ServerConnection) -> 
 def parameters_applied(pooler: Pooler, server: ServerConnection,
                        client: ClientConnection) -> None:
     """The check and SET sent at link time succeeded: the client's requests go now."""
-    client._blocked = False
+    client.reader.blocked = False
     client.check_failures = 0
     _send_outbox(pooler, client, server)
-    if not client._blocked:
+    if not client.reader.blocked:
         client.carry_on()  # what it sent meanwhile
 
 
@@ -113,9 +113,9 @@ def check_failed(pooler: Pooler, server: ServerConnection, client: ClientConnect
     log.warning("%r: server_check_query failed: %s", server, why)
     server.pool.stats.count_error("server_check_failed")
     if client is not None and server.client is client:
-        server.client = None
+        server.link(None)
         client.server = None
-        client._blocked = False
+        client.reader.blocked = False
         client.on(ClientEvent.RELEASED)
         server.close(f"server_check_query failed: {why}")
         client.check_failures += 1
@@ -167,7 +167,7 @@ def release(pooler: Pooler, client: ClientConnection, now: float = 0.0) -> None:
     stats.xact_time_us += int(held * 1e6)
     stats.xact_histogram.observe(held)
     client.server = None
-    server.client = None
+    server.link(None)
     if server._reading_paused:
         server.resume_reading()
     if client.state is ClientState.CLOSED:  # it left while queued in a pipeline
@@ -179,7 +179,7 @@ def release(pooler: Pooler, client: ClientConnection, now: float = 0.0) -> None:
     _hand_back(pooler, server, now)
     if client.close_after_release:
         client.fail(PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN))
-    elif client._blocked:
+    elif client.reader.blocked:
         client.resume_rewriting()  # what it sent meanwhile goes to its next server
 
 

@@ -323,10 +323,10 @@ class Pooler:
         self.servers_per_user[pool.user] = self.servers_per_user.get(pool.user, 1) - 1
         if server.checking and server.client is not None:
             # It died under server_check_query, before any of its client's requests.
-            server.checking = False
+            server.backend.checking = False
             linking.check_failed(self, server, server.client, reason)
         line = [server.client, *server.chain]
-        server.client = None
+        server.link(None)
         server.chain.clear()
         for client in line:
             if client is not None:
@@ -478,7 +478,7 @@ class Pooler:
                 server.close("client disconnected with a query in progress")
         elif server is not None:
             client.server = None
-            server.client = None
+            server.link(None)
             server.resume_reading()
             # A check or SET the pooler sent for this client may still be answering: its
             # replies and ParameterStatus would be taken for the next client's.

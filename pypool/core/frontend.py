@@ -1,0 +1,279 @@
+"""The request reader: a client's byte stream after login, framed, counted and rewritten.
+
+Theory of operation. `RequestReader.feed(data, statements, linked)` takes what the client
+sent and returns the bytes to send on to its server (or to keep until one is assigned):
+
+- Framing. Only the 5-byte headers are read. A message that arrives in pieces waits in
+  `partial` until it is whole when its body matters (or while there is no server), and
+  costs linear time however many reads it takes: the pieces are gathered in one bytearray
+  and looked at once, when `need` bytes are there. Otherwise its body streams through
+  (`skip`). A message the ledger says to drop is dropped, in pieces too (`drop`).
+- Counting. Every message is told to the client's FrontendLedger (core/ledger.py), which
+  knows what the client is owed and so when its server may go back to the pool.
+- Rewriting. When prepared statements are rewritten (`rewriting`, pooling/prepared/), the
+  messages that name a statement are read whole and rewritten by the linked server's
+  ServerStatements. With no server yet, whole messages are kept and rewritten at the link
+  (`rewrite_whole`). When the rewriting must wait for a reply (WAIT), the reader is
+  `blocked`: what the client sends meanwhile waits, uncounted, in `partial`, and what was
+  counted but not yet rewritten in `held`.
+
+What the caller must act on is left in plain attributes after each feed: `began` (the
+client went from owed nothing to owed something: its query has started), `terminated`
+(a Terminate came; what came before it is returned), `error` (the client broke the protocol:
+what came before the bad message is returned, the caller sends it and then fails the
+client), `segment_end` (the bytes returned are exactly one driver segment, its Bind ending
+there: take_outbox need not look at them again).
+
+Never touches a socket and never decides a release.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from ..pooling import prepared
+from ..protocol import errors
+from ..protocol import messages as m
+from ..protocol.errors import PoolerError
+from . import ledger as lg
+from .ledger import FrontendLedger
+
+if TYPE_CHECKING:
+    from ..pooling.prepared import ServerStatements
+
+
+def _table(*kinds: int) -> tuple[bool, ...]:
+    """A tuple indexed by message type byte (the cheapest lookup the hot path can make)."""
+    return tuple(kind in kinds for kind in range(256))
+
+
+# What each frontend message type means for the ledger (core/ledger.py).
+_ACTION: Final = lg.ACTION
+_OWES_READY: Final = lg.OWES_READY
+_OPENS_SEGMENT: Final = lg.OPENS_SEGMENT
+_FLUSH: Final = lg.FLUSH
+_TERMINATE: Final = lg.TERMINATE
+_COPY_MESSAGE: Final = lg.COPY_MESSAGE
+_COPY_IN: Final = lg.COPY_IN
+_QUERY: Final = m.QUERY
+_SYNC: Final = m.SYNC
+# Prepared statements: what the rewriting reads whole, and the requests it queues.
+_WHOLE: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.QUERY)
+_REQUESTS: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.EXECUTE, m.SYNC, m.QUERY,
+                          m.FUNCTION_CALL)
+
+
+class RequestReader:
+    """One client's requests after login."""
+
+    def __init__(self, max_packet: int) -> None:
+        self.ledger = FrontendLedger()
+        self.max_packet = max_packet
+        self.rewriting = False  # prepared statements are rewritten for this client
+        self.admin = False  # the admin console: simple Queries only
+        self.blocked = False  # a rewriting WAIT: see the module docstring
+        self.held = b""
+        self.partial = bytearray()  # an incomplete message (or, while blocked, all input)
+        self.need = 0  # size `partial` must reach before it holds a whole message
+        self.skip = 0  # bytes of a message body still to pass through unread
+        self.drop = 0  # bytes still to drop of a message the ledger said to drop
+        self.began = False
+        self.terminated = False
+        self.error: PoolerError | None = None
+        self.segment_end = 0
+
+    def idle(self) -> bool:
+        """Nothing half-read and nothing waiting: the next byte starts a message."""
+        return not self.blocked and not self.partial and not self.skip
+
+    def take_partial(self) -> bytes:
+        """What waited in `partial` (during a login step, a WAIT or a SET), to feed again."""
+        rest = bytes(self.partial)
+        self.partial.clear()
+        self.need = 0
+        return rest
+
+    def feed(self, data: bytes, st: ServerStatements | None, linked: bool) -> bytes:
+        """Frame, count and rewrite `data` for the linked server's statements `st` (None
+        with no server, or when nothing is rewritten); `linked`: a server is linked."""
+        self.began = False
+        self.segment_end = 0
+        if self.blocked:
+            self.partial += data
+            return b""
+        if self.partial:
+            # An incomplete message waits for its end: gather the pieces, and walk them
+            # only once it is whole (a 64 MiB Bind arrives in thousands of reads).
+            partial = self.partial
+            partial += data
+            if len(partial) < self.need:
+                return b""
+            data = bytes(partial)
+            partial.clear()
+            self.need = 0
+        if self.drop:
+            if len(data) <= self.drop:
+                self.drop -= len(data)
+                return b""
+            data = data[self.drop :]
+            self.drop = 0
+        n = len(data)
+        pos = self.skip
+        if pos >= n:
+            self.skip = pos - n
+            return data
+        self.skip = 0
+        ledger = self.ledger
+        if pos == 0 and self.rewriting and not ledger.unsynced:
+            # The steady state of libpq-style drivers: one whole Bind, Describe, Execute,
+            # Sync of a prepared statement, done in one step (ServerStatements.bind_segment).
+            bind_end = prepared.driver_segment(data)
+            if 13 <= bind_end <= self.max_packet:
+                fast = data if st is None else st.bind_segment(data, bind_end)
+                if fast is not None:
+                    self.began = not ledger.pending
+                    ledger.request(_SYNC)
+                    if st is None:
+                        self.segment_end = bind_end
+                    return fast
+        was_idle = ledger.idle()
+        admin = self.admin
+        max_packet = self.max_packet
+        rewriting = self.rewriting
+        # Messages to rewrite are read whole (so are all messages while there is no server);
+        # `parts` collects the rewritten bytes up to `start`, `done` what is ready before
+        # a dropped message.
+        parts: list[bytes] = []
+        done: list[bytes] = []
+        start = 0
+        while n - pos >= 5:
+            kind = data[pos]
+            size = int.from_bytes(data[pos + 1 : pos + 5], "big") + 1
+            if size < 5 or size > max_packet:
+                self.error = errors.ClientProtocolError(f"invalid packet length {size - 1}")
+                return self._ending(done, data, pos, parts, start)
+            if rewriting:
+                end = pos + size
+                if end > n and (st is None or _WHOLE[kind] or st.discarding):
+                    break
+                # A Sync in copy-in is ignored by PostgreSQL: no request for its queue either.
+                if st is not None and _REQUESTS[kind] and not (
+                        kind == _SYNC and ledger.copy == _COPY_IN):
+                    try:
+                        out = st.from_client(kind, data, pos, end)
+                    except (ValueError, IndexError):
+                        self.error = errors.ClientProtocolError(
+                            f"malformed message of type {chr(kind)!r}")
+                        return self._ending(done, data, pos, parts, start)
+                    if out is not None:
+                        if out is prepared.WAIT:
+                            self.blocked = True  # the caller resumes with what follows
+                            break
+                        if start < pos:
+                            parts.append(data[start:pos])
+                        parts.append(out)  # type: ignore[arg-type]
+                        start = end
+            action = _ACTION[kind]
+            if action == _OPENS_SEGMENT:
+                ledger.segment()
+            elif action == _OWES_READY:
+                ledger.request(kind)
+            elif action == _FLUSH or action == _COPY_MESSAGE:
+                # Flush asks for pending output and owes no reply of its own: it must not
+                # pin a server (psycopg's pipeline sends one after its Sync). With nothing
+                # owed and no server, it is dropped rather than take a server for nothing.
+                # CopyData/CopyDone/CopyFail when nothing is owed belong to a COPY that
+                # already failed: PostgreSQL would ignore them, and no reply will come.
+                if action == _FLUSH:
+                    drop = not linked and ledger.idle() and size == 5
+                else:
+                    drop = not ledger.copy_message(kind)
+                if drop:
+                    if pos:
+                        done.append(_rewritten(data, pos, parts, start))
+                    end = pos + size
+                    if end > n:
+                        self.drop = end - n
+                        return b"".join(done)
+                    data = data[end:]
+                    n, pos, parts, start = len(data), 0, [], 0
+                    continue
+            elif action == _TERMINATE:
+                self.terminated = True
+                return self._ending(done, data, pos, parts, start)
+            else:
+                self.error = errors.ClientProtocolError(f"unsupported pkt type: {kind}")
+                return self._ending(done, data, pos, parts, start)
+            if admin and kind != _QUERY:
+                self.error = PoolerError("extended query protocol not supported by admin console")
+                return b""
+            pos += size
+        if pos > n:
+            self.skip = pos - n
+        elif pos < n:
+            self.partial[:] = memoryview(data)[pos:]
+            # The whole message's size once its header is here (else its header's).
+            self.need = (int.from_bytes(data[pos + 1 : pos + 5], "big") + 1
+                         if n - pos >= 5 else 5)
+            data = data[:pos]
+        self.began = was_idle and not ledger.idle()
+        if parts:
+            if start < len(data):
+                parts.append(data[start:])
+            data = b"".join(parts)
+        if done:
+            done.append(data)
+            return b"".join(done)
+        return data
+
+    def _ending(self, done: list[bytes], data: bytes, pos: int, parts: list[bytes],
+                start: int) -> bytes:
+        """What goes before a message that ends the read (Terminate, an error)."""
+        if pos:
+            done.append(_rewritten(data, pos, parts, start))
+        return b"".join(done)
+
+    def rewrite_whole(self, st: ServerStatements, data: bytes, bind_end: int = 0) -> bytes:
+        """Rewrite whole, already counted messages (the outbox at a link, `held` after a
+        WAIT); on WAIT keep the rest in `held`. `bind_end`: data is a driver segment with
+        its Bind ending there, if known. A malformed message ends it, with `error` set."""
+        bind_end = bind_end or (prepared.driver_segment(data) if data else 0)
+        if bind_end:
+            fast = st.bind_segment(data, bind_end)
+            if fast is not None:
+                return fast
+        parts = []
+        start = pos = 0
+        n = len(data)
+        while pos < n:
+            kind = data[pos]
+            end = pos + 1 + int.from_bytes(data[pos + 1 : pos + 5], "big")
+            if _REQUESTS[kind]:
+                try:
+                    out = st.from_client(kind, data, pos, end)
+                except (ValueError, IndexError):
+                    self.error = errors.ClientProtocolError(
+                        f"malformed message of type {chr(kind)!r}")
+                    n = pos
+                    break
+                if out is not None:
+                    if out is prepared.WAIT:
+                        self.blocked = True
+                        self.held = data[pos:]
+                        n = pos
+                        break
+                    parts.append(data[start:pos])
+                    parts.append(out)  # type: ignore[arg-type]
+                    start = end
+            pos = end
+        if not parts:
+            return data[:n]
+        parts.append(data[start:n])
+        return b"".join(parts)
+
+
+def _rewritten(data: bytes, pos: int, parts: list[bytes], start: int) -> bytes:
+    """The bytes for the server up to `pos`: the rewritten ones, then the rest as is."""
+    if not parts:
+        return data[:pos]
+    return b"".join(parts) + data[start:pos]

@@ -1,0 +1,287 @@
+"""The reply reader: a server's byte stream after login, framed and judged for its client.
+
+Theory of operation. `ReplyReader.feed(data)` takes what the server sent and leaves in `out`
+the bytes for the linked client, in order; it returns DONE when everything fed is dealt with,
+or stops early, with the rest kept, when the connection must act before reading on:
+
+- READY: a ReadyForQuery for the client went into `out` (`status` says its transaction
+  status). The client's FrontendLedger then decides whether the server is released
+  (core/backend.py `after_ready`); what follows may belong to the next client of a pipeline
+  line, so the caller writes `out` and acts before it calls `feed(b"")` to read on.
+- HIDDEN: a reply to one of the pooler's own queries settled it (`outcome`, one of
+  core/backend.py's CHECK_FAILED, APPLIED, SET_FAILED).
+
+Only the few messages that matter are looked at: ReadyForQuery, ParameterStatus (the
+server's and the client's session parameters), ErrorResponse (counted; a COPY in progress
+fails), CommandComplete of DISCARD ALL / DEALLOCATE ALL (the server's statements are gone),
+and CopyInResponse, CopyOutResponse, CopyBothResponse (the client's ledger must see them).
+Every other message streams through untouched, read by its 5-byte header alone, unless the
+prepared-statement queue (pooling/prepared/) needs each reply matched to its request
+(`tracking`): then replies are read one at a time, and some are swallowed, replaced or
+preceded by replies the pooler makes itself. While the pooler's own queries are in flight
+(`backend.hidden`), every reply is theirs and none reaches the client.
+
+Never touches a socket and never decides a release: it says what came, the caller acts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Final
+
+from ..pooling import prepared
+from ..protocol import messages as m
+from .backend import APPLIED, FAILED, BackendLedger
+
+if TYPE_CHECKING:
+    from ..pooling.pool import PoolStats
+    from .ledger import FrontendLedger
+
+log = logging.getLogger("pypool.server")
+
+# What feed() returns.
+DONE: Final = 0
+READY: Final = 1
+HIDDEN: Final = 2
+
+_COPY_RESPONSES: Final = (m.COPY_IN_RESPONSE, m.COPY_OUT_RESPONSE, m.COPY_BOTH_RESPONSE)
+_LOOKED_AT: Final = (m.READY_FOR_QUERY, m.PARAMETER_STATUS, m.ERROR_RESPONSE,
+                     m.COMMAND_COMPLETE) + _COPY_RESPONSES
+# Replies passed through without a look, indexed by type byte.
+_STREAMED: Final = tuple(kind not in _LOOKED_AT for kind in range(256))
+_READY_FOR_QUERY: Final = m.READY_FOR_QUERY
+_PARAMETER_STATUS: Final = m.PARAMETER_STATUS
+_ERROR_RESPONSE: Final = m.ERROR_RESPONSE
+_COMMAND_COMPLETE: Final = m.COMMAND_COMPLETE
+_DATA_ROW: Final = m.DATA_ROW
+_COPY_DATA: Final = m.COPY_DATA
+_TX_IDLE: Final = m.TX_IDLE
+
+
+class ReplyReader:
+    """One server's replies, framed. `frontend` and `client_params` are the linked client's
+    ledger and session parameters (None while no client is linked)."""
+
+    def __init__(self, statements: prepared.ServerStatements, stats: PoolStats) -> None:
+        self.statements = statements
+        self.stats = stats
+        self.backend = BackendLedger()
+        self.params: dict[str, str] = {}  # the server's session parameters, as it reported
+        self.frontend: FrontendLedger | None = None
+        self.client_params: dict[str, str] | None = None
+        self.statement_mode = False  # pool_mode = statement: a transaction block is refused
+        self.out: list[bytes] = []
+        self.status = _TX_IDLE  # of the ReadyForQuery behind the last READY
+        self.outcome = 0  # of the hidden reply behind the last HIDDEN
+        self._skip = 0  # bytes of a message body still to pass through unparsed
+        self._partial = b""  # an incomplete message, or what is left after READY/HIDDEN
+        self.name = ""  # the connection's, for log lines
+
+    def at_message_boundary(self) -> bool:
+        """Whether the next byte from the server starts a message (nothing half-relayed)."""
+        return not self._skip and not self._partial
+
+    def more(self) -> bool:
+        """Whether a feed(b"") after READY or HIDDEN has anything left to do."""
+        st = self.statements
+        return bool(self._partial or st.to_client or st.tracking == 2)
+
+    def feed(self, data: bytes) -> int:
+        out = self.out
+        st = self.statements
+        if st.to_client:  # made for whoever is linked now (after a READY: the next in line)
+            out.append(b"".join(st.to_client))
+            st.to_client.clear()
+        if self._partial:
+            data = self._partial + data if data else self._partial
+            self._partial = b""
+        n = len(data)
+        pos = self._skip
+        hidden = self.backend.hidden
+        if pos >= n and not hidden:
+            self._skip = pos - n
+            if n:
+                out.append(data)
+            if st.tracking == 2 and not self._skip:
+                self._synthetic()
+            return DONE
+        self._skip = 0
+        frontend = self.frontend
+        sent = 0  # start of the bytes not yet put in `out`
+        while n - pos >= 5:
+            kind = data[pos]
+            end = pos + 1 + int.from_bytes(data[pos + 1 : pos + 5], "big")
+            if _STREAMED[kind] and not st.tracking and not hidden:
+                # BindComplete, RowDescription, DataRow, ...: nothing to act on.
+                if end > n:
+                    self._skip = end - n
+                    pos = n
+                    break
+                pos = end
+                continue
+            if st.tracking and not hidden:
+                # The slow path: this reply is matched to the request at the queue's head.
+                if st.tracking == 2:  # a reply the pooler makes goes out before this one
+                    if sent < pos:
+                        out.append(data[sent:pos])
+                    out.append(st.emit_synthetic())
+                    sent = pos
+                    continue
+                if end > n:
+                    if (kind == _DATA_ROW or kind == _COPY_DATA) and not st.queue[0][1]:
+                        self._skip = end - n  # stream long rows; they complete nothing
+                        pos = n
+                    break
+                if (kind == _COMMAND_COMPLETE or kind == _ERROR_RESPONSE
+                        or kind == _READY_FOR_QUERY):
+                    body = data[pos + 5 : end]
+                    if kind == _ERROR_RESPONSE:
+                        self._server_error()
+                elif kind == _PARAMETER_STATUS:
+                    body = data[pos + 5 : end]
+                    self._parameter_status(body)
+                else:
+                    if kind in _COPY_RESPONSES and frontend is not None:
+                        struck = frontend.copy_started(kind)
+                        if struck:
+                            st.ignored_syncs(struck)
+                    body = b""
+                verdict = st.reply(kind, body)
+                if verdict or st.to_client:
+                    if verdict == prepared.READY:
+                        if data[pos + 5] != _TX_IDLE and self.statement_mode:
+                            stop = pos  # withheld, as on the hot path below
+                        else:
+                            stop = end
+                    else:
+                        stop = pos if verdict else end
+                    if sent < stop:
+                        out.append(data[sent:stop])
+                    sent = end
+                    if verdict == prepared.REPLACE:
+                        out.append(st.replacement)
+                    if verdict == prepared.READY:
+                        return self._stop(READY, data, end, data[pos + 5])
+                    if st.to_client:
+                        out.append(b"".join(st.to_client))
+                        st.to_client.clear()
+                pos = end
+                continue
+            if kind == _READY_FOR_QUERY or kind == _PARAMETER_STATUS or hidden:
+                if end > n:
+                    break
+                if hidden:
+                    if sent < pos:
+                        out.append(data[sent:pos])
+                    sent = end
+                    outcome = self._hidden_message(kind, data[pos + 5 : end])
+                    if outcome:
+                        self.outcome = outcome
+                        return self._stop(HIDDEN, data, end, _TX_IDLE)
+                elif kind == _READY_FOR_QUERY:
+                    status = data[pos + 5]
+                    if st.queue:
+                        st.pop_ready(status)
+                    if status != _TX_IDLE and self.statement_mode:
+                        # As PgBouncer: the ReadyForQuery is withheld, so the statement that
+                        # opened the transaction fails (the client sends the FATAL).
+                        if sent < pos:
+                            out.append(data[sent:pos])
+                    else:
+                        out.append(data[sent:end] if sent or end < n else data)
+                    return self._stop(READY, data, end, status)
+                else:
+                    self._parameter_status(data[pos + 5 : end])
+            elif kind == _ERROR_RESPONSE:
+                if st.queue and st.queue[0][2] == prepared.OP_RENAME:
+                    # A folded segment of the client's statements: name them in the error.
+                    if end > n:
+                        break
+                    renamed = st.renamed_error(data[pos + 5 : end])
+                    if renamed is not None:
+                        if sent < pos:
+                            out.append(data[sent:pos])
+                        out.append(renamed)
+                        sent = end
+                self._server_error()
+                if end > n:
+                    self._skip = end - n
+                    pos = n
+                    break
+            elif kind == _COMMAND_COMPLETE:
+                if end > n:
+                    break  # small: wait for all of it
+                if data[pos + 5] == 68:  # "D": DISCARD ALL, DEALLOCATE ALL drop statements
+                    st.command_tag(data[pos + 5 : end])
+            elif kind in _COPY_RESPONSES:
+                if frontend is not None:
+                    struck = frontend.copy_started(kind)
+                    if struck:
+                        st.ignored_syncs(struck)
+                if end > n:
+                    self._skip = end - n
+                    pos = n
+                    break
+            elif end > n:
+                self._skip = end - n
+                pos = n
+                break
+            pos = end
+        if pos < n:
+            self._partial = data[pos:]
+        if sent < pos:
+            out.append(data[sent:pos] if sent or pos < n else data)
+        if st.tracking == 2 and not self._skip and not self._partial:
+            self._synthetic()
+        return DONE
+
+    def _stop(self, event: int, data: bytes, end: int, status: int) -> int:
+        """Stop before `end`: the rest is read by the next feed."""
+        if end < len(data):
+            self._partial = data[end:]
+        self.status = status
+        return event
+
+    def _synthetic(self) -> None:
+        synthetic = self.statements.emit_synthetic()
+        if synthetic:
+            self.out.append(synthetic)
+
+    def _server_error(self) -> None:
+        errs = self.stats.errors
+        errs["server"] = errs.get("server", 0) + 1
+        if self.frontend is not None:
+            self.frontend.copy_failed()
+
+    def _parameter_status(self, body: bytes) -> None:
+        name, value = m.parse_parameter_status(body)
+        self.params[name] = value
+        if self.client_params is not None:
+            self.client_params[name] = value
+
+    def _hidden_message(self, kind: int, body: bytes) -> int:
+        """A reply to the oldest of the pooler's own queries: never the client's."""
+        backend = self.backend
+        if kind == _READY_FOR_QUERY:
+            outcome = backend.ready()
+            return 0 if outcome == FAILED else outcome
+        if kind == _PARAMETER_STATUS:
+            self._parameter_status(body)
+        elif kind == _COMMAND_COMPLETE:
+            self.statements.command_tag(body)  # a reset query's DISCARD ALL
+        elif kind == _ERROR_RESPONSE:
+            fields = m.parse_error_fields(body)
+            backend.failed(fields)
+            log.warning("%s: pooler-issued query failed: %s %s", self.name, fields.get("C"),
+                        fields.get("M"))
+        return 0
+
+    def reset(self) -> None:
+        """The server is gone: nothing more will be read."""
+        self._skip = 0
+        self._partial = b""
+        self.out.clear()
+        self.backend.reset()
+
+
+__all__ = ["APPLIED", "DONE", "HIDDEN", "READY", "ReplyReader"]

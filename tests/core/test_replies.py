@@ -1,0 +1,238 @@
+"""The reply reader and the backend ledger, fed a server's byte stream.
+
+The reader must hand the client every byte the server sent for it, in order and untouched
+(however the stream is cut into reads), stop at each ReadyForQuery so the client's ledger can
+decide a release, keep the pooler's own queries' replies from every client, and settle each
+of those queries by its own reply.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from pypool.core import backend as bk
+from pypool.core import replies
+from pypool.core.ledger import COPY_IN, FrontendLedger
+from pypool.core.replies import ReplyReader
+from pypool.pooling.pool import PoolStats
+from pypool.pooling.prepared import ServerStatements
+from pypool.pooling.prepared.registry import Registry
+from pypool.protocol import messages as m
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def msg(kind: bytes, body: bytes = b"") -> bytes:
+    return kind + struct.pack("!I", len(body) + 4) + body
+
+
+ROW_DESCRIPTION = msg(b"T", b"\x00\x01a\x00" + b"\x00" * 18)
+DATA_ROW = msg(b"D", b"\x00\x01\x00\x00\x00\x011")
+SELECT_1 = msg(b"C", b"SELECT 1\x00")
+SET = msg(b"C", b"SET\x00")
+READY_I = msg(b"Z", b"I")
+READY_T = msg(b"Z", b"T")
+ERROR = msg(b"E", b"SERROR\x00C22023\x00Minvalid value\x00\x00")
+TIMEZONE = msg(b"S", b"TimeZone\x00UTC\x00")
+COPY_IN_RESPONSE = msg(b"G", b"\x00\x00\x01\x00\x00")
+REPLY = ROW_DESCRIPTION + DATA_ROW + SELECT_1 + READY_I
+
+
+def reader() -> ReplyReader:
+    stats = PoolStats()
+    return ReplyReader(ServerStatements(Registry(), 100, stats), stats)
+
+
+def linked(client_params: dict[str, str] | None = None) -> ReplyReader:
+    r = reader()
+    r.frontend = FrontendLedger()
+    r.client_params = {} if client_params is None else client_params
+    return r
+
+
+def drain(r: ReplyReader, data: bytes) -> tuple[bytes, list[tuple[int, int]]]:
+    """Feed `data` as the server connection does; the client's bytes and the stops."""
+    out: list[bytes] = []
+    stops: list[tuple[int, int]] = []
+    event = r.feed(data)
+    while True:
+        out.extend(r.out)
+        r.out.clear()
+        if event == replies.DONE:
+            break
+        stops.append((event, r.status if event == replies.READY else r.outcome))
+        if not r.more():
+            break
+        event = r.feed(b"")
+    return b"".join(out), stops
+
+
+def test_a_whole_reply_goes_out_untouched_and_stops_at_its_ready_for_query() -> None:
+    r = linked()
+    out, stops = drain(r, REPLY)
+    assert out == REPLY
+    assert stops == [(replies.READY, m.TX_IDLE)]
+    assert r.at_message_boundary()
+
+
+def test_one_read_is_forwarded_without_a_copy() -> None:
+    r = linked()
+    r.feed(REPLY)
+    assert r.out[0] is REPLY
+
+
+@pytest.mark.parametrize("cut", range(1, len(REPLY)))
+def test_a_reply_cut_anywhere_reaches_the_client_whole_with_one_stop(cut: int) -> None:
+    r = linked()
+    first, stops1 = drain(r, REPLY[:cut])
+    second, stops2 = drain(r, REPLY[cut:])
+    assert first + second == REPLY
+    assert stops1 + stops2 == [(replies.READY, m.TX_IDLE)]
+    assert r.at_message_boundary()
+
+
+def test_two_ready_for_query_in_one_read_stop_twice_in_order() -> None:
+    r = linked()
+    out, stops = drain(r, REPLY + SELECT_1 + READY_T)
+    assert out == REPLY + SELECT_1 + READY_T
+    assert stops == [(replies.READY, m.TX_IDLE), (replies.READY, ord("T"))]
+
+
+def test_the_bytes_after_a_stop_wait_for_the_next_feed() -> None:
+    """What follows a ReadyForQuery may be the next client's (a pipeline line)."""
+    r = linked()
+    assert r.feed(REPLY + REPLY) == replies.READY
+    assert b"".join(r.out) == REPLY
+    r.out.clear()
+    assert r.more()
+    assert r.feed(b"") == replies.READY
+    assert b"".join(r.out) == REPLY
+
+
+def test_parameter_status_updates_server_and_client_and_is_forwarded() -> None:
+    params: dict[str, str] = {}
+    r = linked(params)
+    out, _ = drain(r, SET + TIMEZONE + READY_I)
+    assert out == SET + TIMEZONE + READY_I
+    assert r.params == {"TimeZone": "UTC"}
+    assert params == {"TimeZone": "UTC"}
+
+
+def test_an_error_is_counted_and_ends_a_copy_in() -> None:
+    r = linked()
+    assert r.frontend is not None
+    r.frontend.request(m.QUERY)
+    drain(r, COPY_IN_RESPONSE)
+    assert r.frontend.copy == COPY_IN
+    drain(r, ERROR)
+    assert r.frontend.copy != COPY_IN
+    assert r.stats.errors == {"server": 1}
+
+
+def test_statement_mode_withholds_a_ready_for_query_inside_a_transaction() -> None:
+    r = linked()
+    r.statement_mode = True
+    out, stops = drain(r, msg(b"C", b"BEGIN\x00") + READY_T)
+    assert out == msg(b"C", b"BEGIN\x00")
+    assert stops == [(replies.READY, ord("T"))]
+
+
+# --- the pooler's own queries (core/backend.py) ---------------------------------------------
+
+
+def test_a_hidden_query_s_replies_reach_nobody_and_what_follows_does() -> None:
+    r = linked()
+    r.backend.query(bk.HIDDEN_PLAIN)
+    out, stops = drain(r, SET + READY_I + REPLY)
+    assert out == REPLY
+    assert stops == [(replies.READY, m.TX_IDLE)]
+    assert not r.backend.hidden
+
+
+def test_a_failing_plain_hidden_query_is_swallowed_and_settles_nothing() -> None:
+    r = linked()
+    r.backend.query(bk.HIDDEN_PLAIN)
+    out, stops = drain(r, ERROR + READY_I)
+    assert out == b""
+    assert stops == []
+
+
+def test_a_failed_check_is_reported_with_its_message() -> None:
+    r = linked()
+    r.backend.query(bk.HIDDEN_CHECK)
+    r.backend.parameters(["TimeZone"])
+    out, stops = drain(r, ERROR + READY_I + SET + READY_I)
+    assert out == b""
+    assert stops[0] == (replies.HIDDEN, bk.CHECK_FAILED)
+    assert r.backend.last_error["M"] == "invalid value"
+
+
+def test_check_then_set_settle_once_at_the_set_s_ready_for_query() -> None:
+    params = {"TimeZone": "Europe/Paris"}
+    r = linked(params)
+    r.backend.query(bk.HIDDEN_CHECK)
+    r.backend.parameters(["TimeZone"])
+    assert r.backend.checking
+    out, stops = drain(r, msg(b"C", b"SELECT 1\x00") + READY_I + SET + TIMEZONE + READY_I)
+    assert out == b""
+    assert stops == [(replies.HIDDEN, bk.APPLIED)]
+    assert r.backend.applied == ["TimeZone"]
+    assert not r.backend.checking
+    assert params["TimeZone"] == "UTC"
+
+
+def test_a_failed_set_is_reported_and_a_connect_query_error_is_not_taken_for_it() -> None:
+    r = linked()
+    r.backend.query(bk.HIDDEN_PLAIN)  # connect_query, failing
+    r.backend.parameters(["TimeZone"])  # succeeding
+    _, stops = drain(r, ERROR + READY_I + SET + READY_I)
+    assert stops == [(replies.HIDDEN, bk.APPLIED)]
+    r.backend.parameters(["TimeZone"])
+    _, stops = drain(r, ERROR + READY_I)
+    assert stops == [(replies.HIDDEN, bk.SET_FAILED)]
+
+
+def test_a_check_alone_settles_at_its_own_ready_for_query() -> None:
+    r = linked()
+    r.backend.query(bk.HIDDEN_CHECK)
+    _, stops = drain(r, SELECT_1 + READY_I)
+    assert stops == [(replies.HIDDEN, bk.APPLIED)]
+    assert r.backend.applied == []
+
+
+# --- what a client's ReadyForQuery means -----------------------------------------------------
+
+
+def owing(*kinds: int) -> FrontendLedger:
+    ledger = FrontendLedger()
+    for kind in kinds:
+        ledger.request(kind)
+    return ledger
+
+
+@pytest.mark.parametrize(("status", "mode", "gone", "chained", "verdict"), [
+    (m.TX_IDLE, "transaction", False, False, bk.RELEASE),
+    (m.TX_IDLE, "statement", False, False, bk.RELEASE),
+    (m.TX_IDLE, "session", False, False, bk.SESSION_XACT),
+    (ord("T"), "transaction", False, False, bk.IN_TRANSACTION),
+    (ord("T"), "session", False, False, bk.IN_TRANSACTION),
+    (ord("T"), "statement", False, False, bk.STATEMENT_REFUSED),
+    (ord("T"), "transaction", True, False, bk.CLOSE_OPEN),
+    (ord("E"), "transaction", False, True, bk.CLOSE_OPEN),
+])
+def test_after_ready(status: int, mode: str, gone: bool, chained: bool, verdict: int) -> None:
+    assert bk.after_ready(owing(m.QUERY), status, mode, gone, chained) == verdict
+
+
+def test_after_ready_keeps_a_server_while_more_is_owed() -> None:
+    ledger = owing(m.QUERY, m.QUERY)
+    assert bk.after_ready(ledger, m.TX_IDLE, "transaction", False, False) == bk.OWED
+    assert bk.after_ready(ledger, m.TX_IDLE, "transaction", False, False) == bk.RELEASE
+
+
+def test_after_ready_closes_on_a_ready_for_query_nobody_asked_for() -> None:
+    ledger = owing(m.QUERY)
+    ledger.ready()
+    assert bk.after_ready(ledger, m.TX_IDLE, "transaction", False, False) == bk.CLOSE_DOUBT
