@@ -203,9 +203,8 @@ class PoolerSettings:
     metrics_port: int = 0
     shutdown_timeout: float = 0.0
     cancel_wait_timeout: float = 10.0
-    # TLS (net/tls.py, docs/tls.md). PgBouncer's defaults, except server_tls_sslmode: disable
-    # (PgBouncer 1.25 says prefer), so that a pooler next to its database sends no SSLRequest
-    # unless asked.
+    # TLS (net/tls.py, docs/tls.md), PgBouncer's defaults: towards servers prefer (TLS when
+    # the server offers it, unverified), towards clients off.
     client_tls_sslmode: str = "disable"
     client_tls_key_file: str = ""
     client_tls_cert_file: str = ""
@@ -215,7 +214,7 @@ class PoolerSettings:
     client_tls13_ciphers: str = ""
     client_tls_ecdhcurve: str = "auto"
     client_tls_dheparams: str = "auto"
-    server_tls_sslmode: str = "disable"
+    server_tls_sslmode: str = "prefer"
     server_tls_ca_file: str = ""
     server_tls_key_file: str = ""
     server_tls_cert_file: str = ""

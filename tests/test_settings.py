@@ -175,7 +175,7 @@ def test_unknown_key_is_a_warning_naming_it(
 def test_pgbouncer_keys_pypool_does_not_act_on_are_quiet(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # TLS keys too, with the values that leave TLS off (PgBouncer's defaults).
+    # TLS keys too, at values that leave TLS off.
     text = (
         "[pgbouncer]\nauth_hba_file =\nclient_tls_sslmode = disable\n"
         "tcp_keepalive = 1\nserver_tls_sslmode = disable\ndns_max_ttl = 15\n"

@@ -48,6 +48,15 @@ class ServerLoginError(Exception):
 def tls_answer(data: bytes, sslmode: str) -> bool:
     """The server's answer to the SSLRequest: True, start TLS; False, log in in plaintext
     (it said 'N' and `sslmode` allows that). PgBouncer's texts for what it refuses."""
+    if data[:1] == b"E":
+        # A server that failed before any TLS answers with its ErrorResponse (PostgreSQL
+        # out of connection slots: "sorry, too many clients already"); read as libpq does.
+        messages = MessageBuffer()
+        messages.feed(data)
+        message = next(messages.messages(), None)
+        if message is not None and message[0] == m.ERROR_RESPONSE:
+            fields = m.parse_error_fields(message[1])
+            raise ServerLoginError(fields.get("M", "server login failed"), m.message(*message))
     if data[:1] not in (b"S", b"N"):
         raise _tls_refused("bad sslreq answer")
     if len(data) > 1:

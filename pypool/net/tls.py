@@ -303,9 +303,11 @@ class Tls:
             log.error("TLS setup failed, keeping the TLS configuration in force: %s", exc)
             return False
         self.client = client
+        was_on = self.server.context is not None
         old, self.server = self._server_values, server
         self._server_values = _values(cfg, _SERVER_KEYS)
-        return old != self._server_values
+        # As PgBouncer's tls_change_requires_reconnect: off before and after is no change.
+        return (was_on or server.context is not None) and old != self._server_values
 
     def count(self, side: str, ok: bool) -> None:
         self.handshakes[(side, "ok" if ok else "failed")] += 1

@@ -133,7 +133,7 @@ def apply_settings(pooler: Pooler, new: Settings) -> None:
     if pooler.tls.reload(new.pooler):
         # New servers get the new TLS settings; old ones must not keep weaker ones.
         for pool in list(pooler.pools.values()):
-            tag_dirty(pooler, pool, "server TLS configuration changed")
+            tag_dirty(pooler, pool, "obsolete connection (server TLS configuration changed)")
     for pool in list(pooler.pools.values()):
         entry = new.database(pool.database)
         old_entry = old.database(pool.database) or pooler.retired.get(pool.database)

@@ -229,3 +229,10 @@ def test_plus_when_offered_and_bound(binding: bytes | None, offer: bytes,
     assert chosen == mechanism
     assert first is not None
     assert first.startswith(b"p=tls-server-end-point,," if mechanism != MECHANISM else b"n,,")
+
+
+def test_an_error_before_tls_is_the_servers_own() -> None:
+    error = m.error_response("sorry, too many clients already", "53300", "FATAL")
+    with pytest.raises(sl.ServerLoginError, match="^sorry, too many clients already$") as info:
+        sl.tls_answer(error, "require")
+    assert info.value.error == error

@@ -23,8 +23,15 @@ def client_cfg(certs: Certificates, mode: str = "require", **more: object) -> Po
                           client_tls_ca_file=str(certs.ca.root), **more)  # type: ignore[arg-type]
 
 
-def test_disable_builds_no_context() -> None:
+def test_the_defaults_are_pgbouncers() -> None:
     found = tls.Tls(PoolerSettings())
+    assert found.client.context is None
+    assert found.server.sslmode == "prefer" and found.server.context is not None
+    assert found.server.context.verify_mode == ssl.CERT_NONE
+
+
+def test_disable_builds_no_context() -> None:
+    found = tls.Tls(PoolerSettings(server_tls_sslmode="disable"))
     assert found.client.context is None and found.server.context is None
     assert found.client.startup(over_unix_socket=False) == tls.StartupTls()
 
