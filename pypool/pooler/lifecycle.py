@@ -131,8 +131,10 @@ def apply_settings(pooler: Pooler, new: Settings) -> None:
     pooler.settings = new
     pooler.load_auth()
     if pooler.tls.reload(new.pooler):
-        # New servers get the new TLS settings; old ones must not keep weaker ones.
+        # New servers get the new TLS settings; old ones must not keep weaker ones. A login
+        # failure cached under the old settings says nothing about the new ones.
         for pool in list(pooler.pools.values()):
+            pool.login_error = None
             tag_dirty(pooler, pool, "obsolete connection (server TLS configuration changed)")
     for pool in list(pooler.pools.values()):
         entry = new.database(pool.database)

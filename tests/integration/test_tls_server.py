@@ -170,3 +170,19 @@ def test_client_certificate_towards_the_server(pooler: Callable[..., Pooler],
     with pytest.raises(psycopg.OperationalError, match="connection requires a valid client "
                                                        "certificate"):
         connect(without, "certdb")
+
+
+def test_changing_server_tls_forgets_the_cached_login_failure(
+        pooler: Callable[..., Pooler], postgres: EmbeddedPostgres) -> None:
+    # As PgBouncer's test_server_ssl_set_disable: the failure under the old mode must not
+    # be served from the cache (server_login_retry) once the mode changed.
+    p = start(pooler, postgres, "require", server_login_retry="60")
+    with pytest.raises(psycopg.OperationalError, match="server refused SSL"):
+        connect(p)
+    with pytest.raises(psycopg.OperationalError, match="server login has been failing"):
+        connect(p)
+    with psycopg.connect(p.dsn("pgbouncer", ADMIN_USER, ADMIN_PASSWORD), autocommit=True,
+                         prepare_threshold=None, connect_timeout=5) as admin:
+        admin.execute("SET server_tls_sslmode = prefer")
+    with connect(p) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
