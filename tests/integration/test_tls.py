@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import ssl
 import struct
+import threading
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -373,3 +374,20 @@ def test_direct_tls_without_alpn_is_refused(pooler: Callable[..., Pooler],
         raw.sock = context.wrap_socket(raw.sock, server_hostname="localhost")
         assert raw.login(APP_USER, "app").error is None
         assert raw.simple_query("SELECT 'direct'")[0] == [["direct"]]
+
+
+def test_cancel_inside_tls_and_in_plaintext(pooler: Callable[..., Pooler],
+                                            certs: Certificates) -> None:
+    # libpq 17's cancel (psycopg's cancel_safe) opens TLS as the connection did; the old
+    # PQcancel sends it in plaintext, which require still accepts, as PgBouncer.
+    p = pooler(tls_settings(certs, "require"))
+    for cancel in ("cancel_safe", "cancel"):
+        with connect(p, sslmode="require") as conn:
+            timer = threading.Timer(0.5, getattr(conn, cancel))
+            timer.start()
+            try:
+                with pytest.raises(psycopg.errors.QueryCanceled):
+                    conn.execute("SELECT pg_sleep(10)")
+            finally:
+                timer.cancel()
+            assert conn.execute("SELECT 1").fetchone() == (1,)
