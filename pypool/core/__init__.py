@@ -7,6 +7,12 @@ message types they see and act on what it returns; tests feed it byte sequences
 - `ledger`: the frontend ledger, what a client has sent and is still owed (ReadyForQuery per
   Query, FunctionCall and Sync; COPY sub-states for the simple and the extended protocol),
   which decides when its server may go back to the pool.
+- `frontend`: the request reader, a client's bytes after login: framed, counted in its
+  ledger, rewritten for prepared statements.
+- `replies`: the reply reader, a server's bytes after login: framed, forwarded, stopped at
+  each ReadyForQuery and at each settled pooler-issued query.
+- `backend`: the backend ledger (the pooler's own queries in flight on a server) and
+  `after_ready`, what a client's ReadyForQuery means for its server.
 - `states`: the (state, event) -> state tables of a client and a server connection.
 - `exchange`: how a login exchange runs, a generator sent bytes that yields bytes (`advance`).
 - `client_login`: a client logging into the pooler: the startup packet, then the cleartext,

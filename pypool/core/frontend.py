@@ -54,7 +54,6 @@ _OPENS_SEGMENT: Final = lg.OPENS_SEGMENT
 _FLUSH: Final = lg.FLUSH
 _TERMINATE: Final = lg.TERMINATE
 _COPY_MESSAGE: Final = lg.COPY_MESSAGE
-_COPY_IN: Final = lg.COPY_IN
 _QUERY: Final = m.QUERY
 _SYNC: Final = m.SYNC
 # Prepared statements: what the rewriting reads whole, and the requests it queues.
@@ -156,9 +155,8 @@ class RequestReader:
                 end = pos + size
                 if end > n and (st is None or _WHOLE[kind] or st.discarding):
                     break
-                # A Sync in copy-in is ignored by PostgreSQL: no request for its queue either.
-                if st is not None and _REQUESTS[kind] and not (
-                        kind == _SYNC and ledger.copy == _COPY_IN):
+                # The queue takes the requests the ledger says PostgreSQL answers.
+                if st is not None and _REQUESTS[kind] and ledger.answers(kind):
                     try:
                         out = st.from_client(kind, data, pos, end)
                     except (ValueError, IndexError):

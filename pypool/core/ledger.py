@@ -95,6 +95,12 @@ class FrontendLedger:
         if self.copy == COPY_IN:
             self.doubtful = True  # ends the COPY with an error: see the module docstring
 
+    def answers(self, kind: int) -> bool:
+        """Whether PostgreSQL will answer this Query, FunctionCall or Sync: not a Sync read
+        in copy-in mode. The prepared-statement queue queues a request only if so, so that
+        it and this ledger count the same requests."""
+        return kind != _SYNC or self.copy != COPY_IN
+
     def request(self, kind: int) -> None:
         """A Query, FunctionCall or Sync was sent."""
         if kind == _SYNC:

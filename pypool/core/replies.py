@@ -189,7 +189,10 @@ class ReplyReader:
                             out.append(data[sent:pos])
                     else:
                         out.append(data[sent:end] if sent or end < n else data)
-                    return self._stop(READY, data, end, status)
+                    if end < n:
+                        self._partial = data[end:]
+                    self.status = status
+                    return READY
                 else:
                     self._parameter_status(data[pos + 5 : end])
             elif kind == _ERROR_RESPONSE:

@@ -1,17 +1,15 @@
-"""One client connection: its login, and the client-to-server hot path.
+"""One client connection: an asyncio adapter around the sans-IO core.
 
 States: STARTUP, AUTH, WELCOME, IDLE, WAITING, ACTIVE, CLOSED, changed only through the
 (state, event) table in core/states.py, which says what each means.
 
-Reply bookkeeping, which decides when a server can be handed on, is the sans-IO
-`FrontendLedger` (core/ledger.py): this Protocol tells it each message type the client sends
-and each ReadyForQuery and COPY reply the server forwards. A server goes back to the pool
-only on ReadyForQuery 'I' with the ledger owed nothing.
-
-Prepared statements (pooling/prepared/): when they are rewritten (`statements`), Parse,
-Bind, Describe, Close and Query messages are read whole and handed, with every other request,
-to the linked server's ServerStatements, which returns the bytes to send. A client with no
-server keeps whole messages in its outbox; they are rewritten when it is linked.
+The login is core/client_login.py's exchanges (the startup packet, then the password). After
+it, every byte the client sends goes to the request reader (core/frontend.py), which frames
+it, counts it in the client's FrontendLedger (core/ledger.py) and rewrites it for prepared
+statements; this Protocol sends what the reader returns to the linked server, or keeps it in
+its outbox until one is assigned, and acts where the reader stops (Terminate, a protocol
+error). Each ReadyForQuery its server forwards is judged by `core.backend.after_ready`: the
+server goes back to the pool only on ReadyForQuery 'I' with the ledger owed nothing.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def worth_extending(server: ServerConnection) -> bool:
     someone waits or the server is not yet listed as having room, and its last transaction
     ends at its Sync (looked at last: for a simple Query it is a regex). Never with
     pipelining off: then not even the regex runs, and requests are written at once."""
-    if not server.pooler.settings.pooler.pipeline_depth:
+    if not server.pooler.pipeline_depth:
         return False
     pool = server.pool
     return (pool.server_count >= pool.limits.pool_size
@@ -68,7 +68,7 @@ def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
     """Queue waiting clients behind the last one on `server` while the line allows; their
     requests go out in one write, after `data` (what the caller was about to send)."""
     pool = server.pool
-    depth = pooler.settings.pooler.pipeline_depth if may_serve_on(pooler, server) else 0
+    depth = pooler.pipeline_depth if may_serve_on(pooler, server) else 0
     chain = server.chain
     out = [data]
     # Only while the pool may not open another server: until then, a new one serves sooner.
@@ -97,7 +97,7 @@ def may_serve_on(pooler: Pooler, server: ServerConnection) -> bool:
     (RECONNECT or a changed [databases] entry, server_lifetime over, database removed), or
     a line kept topped up under load would keep it from ever being free."""
     pool = server.pool
-    lifetime = pooler.settings.pooler.server_lifetime
+    lifetime = pooler.server_lifetime
     return not (pool.removed or (pool.close_needed and server in pool.close_needed)
                 or (lifetime and pooler.now() - server.connect_time > lifetime))
 
@@ -108,7 +108,7 @@ def join_open_line(pooler: Pooler, client: ClientConnection) -> bool:
     pool = client.pool
     assert pool is not None
     lines = pool.open_lines
-    depth = pooler.settings.pooler.pipeline_depth
+    depth = pooler.pipeline_depth
     while lines:
         server = lines.pop()
         server.open_line = False

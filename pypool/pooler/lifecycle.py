@@ -128,7 +128,7 @@ def apply_settings(pooler: Pooler, new: Settings) -> None:
             kept[key] = getattr(old.pooler, key)
     if kept:
         new = dataclasses.replace(new, pooler=dataclasses.replace(new.pooler, **kept))
-    pooler.settings = new
+    pooler.use_settings(new)
     pooler.load_auth()
     if pooler.tls.reload(new.pooler):
         # New servers get the new TLS settings; old ones must not keep weaker ones. A login

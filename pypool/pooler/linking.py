@@ -69,10 +69,10 @@ def request_server(pooler: Pooler, client: ClientConnection) -> None:
 def link(pooler: Pooler, client: ClientConnection, server: ServerConnection) -> None:
     pool = server.pool
     now = pooler.now()
-    cfg = pooler.settings.pooler
     # server_check_query: a server free for server_check_delay is checked before use.
-    check = cfg.server_check_query if cfg.server_check_query and (
-        now - server.request_time >= cfg.server_check_delay) else ""
+    check = pooler.check_query
+    if check and now - server.request_time < pooler.check_delay:
+        check = ""
     if client.state is ClientState.WAITING:
         pool.stats.wait_time_us += int((now - client.wait_start) * 1e6)
         pool.stats.wait_histogram.observe(now - client.wait_start)
@@ -200,9 +200,8 @@ def _hand_back(pooler: Pooler, server: ServerConnection, now: float) -> None:
 def _reset_always(pooler: Pooler, server: ServerConnection) -> None:
     """server_reset_query_always: the reset query after every transaction, in every
     pool mode (its replies are hidden; the next client's requests queue behind it)."""
-    cfg = pooler.settings.pooler
-    if cfg.server_reset_query_always and cfg.server_reset_query:
-        server.send_hidden_query(cfg.server_reset_query)
+    if pooler.reset_query_always:
+        server.send_hidden_query(pooler.reset_query_always)
 
 
 def server_available(pooler: Pooler, server: ServerConnection) -> None:
@@ -214,7 +213,7 @@ def server_available(pooler: Pooler, server: ServerConnection) -> None:
     if pool.being_canceled:
         pool.being_canceled.discard(server)
     now = pooler.now()
-    lifetime = pooler.settings.pooler.server_lifetime
+    lifetime = pooler.server_lifetime
     if pool.paused or pool.close_needed or pool.removed or (
         lifetime and now - server.connect_time > lifetime
         and server.state is not ServerState.LOGIN
@@ -243,7 +242,7 @@ def _close_reason(pooler: Pooler, server: ServerConnection, now: float) -> str:
         return "database configuration changed"
     if pool.removed and not pool.clients:
         return "database removed"
-    lifetime = pooler.settings.pooler.server_lifetime
+    lifetime = pooler.server_lifetime
     if lifetime and now - server.connect_time > lifetime and (
         server.state is not ServerState.LOGIN
     ):

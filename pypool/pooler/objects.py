@@ -70,6 +70,14 @@ class ServerCredentials:
 class Pooler:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # The keys every transaction reads, copied from `settings` by use_settings (a read
+        # of the frozen dataclasses costs two dictionary lookups, these one field access).
+        self.check_query = ""
+        self.check_delay = 0.0
+        self.pipeline_depth = 0
+        self.server_lifetime = 0.0
+        self.reset_query_always = ""  # server_reset_query, if server_reset_query_always
+        self.use_settings(settings)
         self.loop = asyncio.get_running_loop()
         # Not loop.time: uvloop's is cached per iteration at millisecond resolution, which
         # would round every transaction, query and wait time (SHOW STATS, histograms) to ms.
@@ -562,6 +570,17 @@ class Pooler:
     def reload(self) -> bool:
         """Re-read the ini and the auth_file; keep the old config if the new one is bad."""
         return lifecycle.reread(self)
+
+    def use_settings(self, settings: Settings) -> None:
+        """Make `settings` the pooler's (at start, and by lifecycle.apply_settings)."""
+        self.settings = settings
+        cfg = settings.pooler
+        self.check_query = cfg.server_check_query
+        self.check_delay = float(cfg.server_check_delay)
+        self.pipeline_depth = int(cfg.pipeline_depth)
+        self.server_lifetime = float(cfg.server_lifetime)
+        self.reset_query_always = (cfg.server_reset_query if cfg.server_reset_query_always
+                                   else "")
 
     def apply_settings(self, new: Settings) -> None:
         lifecycle.apply_settings(self, new)

@@ -46,7 +46,7 @@ def feed_all(r: RequestReader, pieces: list[bytes], linked: bool = True) -> byte
 def cuts(data: bytes, points: list[int]) -> list[bytes]:
     points = sorted({p for p in points if 0 < p < len(data)})
     edges = [0, *points, len(data)]
-    return [data[a:b] for a, b in zip(edges, edges[1:])]
+    return [data[a:b] for a, b in zip(edges, edges[1:], strict=False)]
 
 
 STREAM = Q + P + B + D + E + S + Q

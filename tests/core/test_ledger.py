@@ -361,3 +361,17 @@ def test_the_ledger_agrees_with_the_model(steps, pipelined) -> None:
         assert x.ledger.idle(), (step, x.ledger.owed, x.ledger.pending, x.ledger.unsynced)
         assert not x.ledger.doubtful
         assert x.released == done
+
+
+def test_a_sync_in_copy_in_is_not_answered_and_so_not_queued() -> None:
+    """`answers` is the one rule the prepared-statement queue follows: it queues a request
+    only when the ledger counts it."""
+    ledger = FrontendLedger()
+    ledger.request(m.QUERY)
+    assert ledger.answers(m.SYNC)
+    ledger.copy_started(m.COPY_IN_RESPONSE)
+    assert not ledger.answers(m.SYNC)
+    assert ledger.answers(m.QUERY)
+    pending = ledger.pending
+    ledger.request(m.SYNC)
+    assert ledger.pending == pending  # not counted either
