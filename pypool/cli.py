@@ -24,6 +24,7 @@ from .settings import Settings, SettingsError, from_url, load_ini, worker_share
 
 if TYPE_CHECKING:
     from .net.client import ClientConnection
+    from .net.hooks import TransactionLog
     from .net.unix_socket import UnixSocket
     from .pooler import Pooler
 
@@ -92,8 +93,14 @@ def build_pooler(settings: Settings) -> Pooler:
 
         return await metrics.serve_metrics(view, addrs, port)
 
+    def open_txlog(path: str) -> TransactionLog:
+        from .observe.txlog import TxLog
+
+        return TxLog(path, pooler.now)
+
     pooler.open_console = open_console
     pooler.serve_metrics = serve_metrics
+    pooler.open_txlog = open_txlog
     return pooler
 
 

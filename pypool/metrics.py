@@ -150,6 +150,14 @@ class PoolerCollector(Collector):
             maxwait.add_metric([row["database"], row["user"]],
                                row["maxwait"] + row["maxwait_us"] / 1e6)
         yield maxwait
+        lines = view.transaction_log_lines()
+        if lines is not None:
+            txlog_lines = CounterMetricFamily(
+                "pypool_transaction_log_lines", "Lines of the transaction_log: written, or "
+                "dropped because the writer fell behind", labels=["result"])
+            txlog_lines.add_metric(["written"], lines[0])
+            txlog_lines.add_metric(["dropped"], lines[1])
+            yield txlog_lines
 
         stats = list(_columns(show.show_stats(view)))
         for column, (name, scale, text) in STATS_COUNTERS.items():

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from .pooling import policies
+
 log = logging.getLogger("pypool.settings")
 
 POOL_MODES = ("session", "transaction", "statement")
@@ -221,6 +223,14 @@ class PoolerSettings:
     server_tls_protocols: str = "secure"
     server_tls_ciphers: str = "default"
     server_tls13_ciphers: str = ""
+    # Research (docs/research.md): one JSON line per transaction and per failed wait
+    # (observe/txlog.py); empty: off. Reopened on SIGHUP, for log rotation.
+    transaction_log: str = ""
+    # Which waiting client is served next and which idle server is handed out
+    # (pooling/policies.py): a built-in name or module:Class.
+    queue_policy: str = "fifo"
+    queue_priority: str = ""  # queue_policy = priority: "application_name: web=10, batch=-5"
+    server_policy: str = "lifo"
 
 
 # Keys that only take effect at start (PgBouncer's CF_NO_RELOAD, plus pypool's listeners):
@@ -352,6 +362,12 @@ def _check(key: str, value: object) -> None:
             raise ValueError(f"must be {allowed}, not {value}")
     elif key == "pool_mode" and value not in POOL_MODES:
         raise ValueError(f"must be one of {', '.join(POOL_MODES)}, not {value!r}")
+    elif key == "queue_policy":
+        policies.queue_factory(str(value))
+    elif key == "server_policy":
+        policies.server_factory(str(value))
+    elif key == "queue_priority":
+        policies.parse_priority(str(value))
     elif key == "auth_type" and value not in AUTH_TYPES:
         unsupported = " (not supported yet)" if value in UNSUPPORTED_AUTH_TYPES else ""
         raise ValueError(f"must be one of {', '.join(AUTH_TYPES)}, not {value!r}{unsupported}")

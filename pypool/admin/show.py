@@ -300,9 +300,13 @@ def show_lists(view: PoolerView) -> ResultSet:
 
 def show_state(view: PoolerView) -> ResultSet:
     paused = view.paused_all
-    return result("ss", "key value", [("active", "no" if paused else "yes"),
-                                      ("paused", "yes" if paused else "no"),
-                                      ("suspended", "no")])
+    rows = [("active", "no" if paused else "yes"), ("paused", "yes" if paused else "no"),
+            ("suspended", "no")]
+    lines = view.transaction_log_lines()
+    if lines is not None:  # pypool's own: transaction_log set (docs/research.md)
+        rows += [("transaction_log_written", str(lines[0])),
+                 ("transaction_log_dropped", str(lines[1]))]
+    return result("ss", "key value", rows)
 
 
 def show_version(view: PoolerView) -> ResultSet:

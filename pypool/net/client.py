@@ -40,7 +40,7 @@ from .flow_control import ReadingSwitch
 if TYPE_CHECKING:
     from ..pooler import Pooler
     from ..pooling.pool import Pool
-    from .hooks import ConsoleSession
+    from .hooks import ConsoleSession, TransactionLog
     from .server import ServerConnection
 
 log = logging.getLogger("pypool.client")
@@ -82,6 +82,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self.wait_notified = False  # query_wait_notify's NOTICE sent for this wait
         self.check_failures = 0  # servers in a row that failed server_check_query for it
         self.tx_status = m.TX_IDLE
+        # The transaction log (observe/txlog.py), fed each read; None with the log off.
+        self.txlog: TransactionLog | None = pooler.txlog
         # What the client sends after login: framed, counted by its ledger and rewritten
         # for prepared statements (core/frontend.py).
         self.reader = RequestReader(pooler.settings.pooler.max_packet_size)
@@ -162,6 +164,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self.transport.write(data)
 
     def data_received(self, data: bytes) -> None:
+        if self.txlog is not None:
+            self.txlog.client_data(self, len(data))
         try:
             if self.state is ClientState.ACTIVE or self.state is ClientState.IDLE:
                 if self.pool is not None:  # None on the admin console

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..pooler import Pooler, ServerCredentials
     from ..pooling.pool import Pool
     from .client import ClientConnection
+    from .hooks import ServerTap
 
 log = logging.getLogger("pypool.server")
 
@@ -63,6 +64,8 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.client: ClientConnection | None = None
         self.backend_pid = 0
         self.backend_secret = 0
+        # The transaction log's reader of this server's replies; None with the log off.
+        self.txlog: ServerTap | None = None if pooler.txlog is None else pooler.txlog.tap(self)
         now = pooler.now()
         self.connect_time = now
         self.request_time = now  # when last linked or released
@@ -263,6 +266,8 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             self._login_data(data)
         else:
             self.pool.stats.bytes_sent += len(data)  # what goes on to clients, give or take
+            if self.txlog is not None:
+                self.txlog.feed(data)
             self._relay(data)
 
     def _login_data(self, data: bytes) -> None:

@@ -114,6 +114,7 @@ class PoolerState(Protocol):
     def stats_periods(self) -> st.StatsPeriods: ...
     @property
     def tls(self) -> Any: ...  # net/tls.Tls: its `handshakes` counts
+    # Also read, when present: `txlog`, observe/txlog.py's TxLog or None (off).
 
 
 def is_closed(connection: Any) -> bool:
@@ -244,6 +245,11 @@ class PoolerView:
         self._pooler = pooler
 
     # --- settings and switches ------------------------------------------------------------
+
+    def transaction_log_lines(self) -> tuple[int, int] | None:
+        """Lines the transaction log has written and dropped; None when it is off."""
+        txlog = getattr(self._pooler, "txlog", None)  # a test's stand-in may have none
+        return None if txlog is None else (int(txlog.written), int(txlog.dropped))
 
     @property
     def settings(self) -> Settings:

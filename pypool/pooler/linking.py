@@ -55,6 +55,8 @@ def request_server(pooler: Pooler, client: ClientConnection) -> None:
             return
     failing = pooler.login_failing(pool)
     if failing is not None:
+        if pooler.txlog is not None:
+            pooler.txlog.refused(client, failing.sqlstate)
         client.fail(failing)
         return
     client.on(ClientEvent.QUEUED)
@@ -166,8 +168,13 @@ def release(pooler: Pooler, client: ClientConnection, now: float = 0.0) -> None:
     held = now - client.link_time
     stats.xact_time_us += int(held * 1e6)
     stats.xact_histogram.observe(held)
+    if pooler.txlog is not None:
+        pooler.txlog.released(client, server, now)
     client.server = None
     server.link(None)
+    st = client.statements
+    if st is not None and st.guard is not None:
+        st.guard = None  # its line is over (net/pipeline.py)
     if server._reading_paused:
         server.resume_reading()
     if client.state is ClientState.CLOSED:  # it left while queued in a pipeline
