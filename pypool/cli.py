@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from .daemon import StartError, check_pidfile, daemonize, switch_user
+from .net.tls import Tls
 from .settings import Settings, SettingsError, from_url, load_ini, worker_share
 
 if TYPE_CHECKING:
@@ -249,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                                                         unix_socket_dir=embedded.basedir))
         if args.port:
             settings = replace(settings, pooler=replace(settings.pooler, listen_port=args.port))
+        Tls(settings.pooler)  # TLS that cannot be set up stops the pooler here, not later
     except SettingsError as exc:
         print(f"pypool: {exc}", file=sys.stderr)
         return 2

@@ -78,6 +78,8 @@ class ClientSide(Protocol):
     def wait_start(self) -> float: ...
     @property
     def statements(self) -> object | None: ...
+    @property
+    def tls_info(self) -> str: ...
 
 
 class PoolerState(Protocol):
@@ -117,6 +119,8 @@ class PoolerState(Protocol):
     def client_counts(self) -> ClientCounts: ...
     @property
     def console_queries(self) -> int: ...
+    @property
+    def tls(self) -> Any: ...  # net/tls.Tls: its `handshakes` counts
     # Also read, when present: `txlog`, observe/txlog.py's TxLog or None (off).
 
 
@@ -168,6 +172,7 @@ class ClientInfo:
     application_name: str
     prepared_statements: int
     fd: int = -1  # its socket's file descriptor (SHOW FDS), -1 once closed
+    tls: str = ""  # PgBouncer's `tls` column: TLSv1.3/TLS_AES_256_GCM_SHA384, "" plaintext
 
 
 @dataclass(frozen=True)
@@ -191,6 +196,7 @@ class ServerInfo:
     application_name: str
     prepared_statements: int
     fd: int = -1
+    tls: str = ""
 
 
 @dataclass(frozen=True)
@@ -265,6 +271,11 @@ class PoolerView:
     @property
     def settings(self) -> Settings:
         return self._pooler.settings
+
+    def tls_handshakes(self) -> dict[tuple[str, str], int]:
+        """TLS handshakes since start by (side, outcome): ("client" or "server", "ok" or
+        "failed")."""
+        return dict(self._pooler.tls.handshakes)
 
     @property
     def paused_all(self) -> bool:
@@ -444,6 +455,7 @@ def _client(client: ClientSide, database: str, now: float, wall: float) -> Clien
         wait_us=wait_us, ptr=_ptr(client), link=_ptr(client.server),
         application_name=client.params.get("application_name", ""),
         prepared_statements=_prepared_count(client), fd=_fd(client.transport),
+        tls=client.tls_info,
     )
 
 
@@ -464,6 +476,7 @@ def _servers(pool: Pool, wall: float) -> list[ServerInfo]:
                 link=_ptr(server.client), remote_pid=server.backend_pid,
                 application_name=server.params.get("application_name", ""),
                 prepared_statements=_prepared_count(server), fd=_fd(server.transport),
+                tls=server.tls_info,
             ))
     return found
 

@@ -3,12 +3,13 @@
 `load` reads auth_hba_file and auth_ident_file (on start and on every reload) into the rules
 that auth/hba.py parses; `method_for` matches a logging-in client against them and returns
 the auth_type to use for it (trust, md5, scram-sha-256, plain, peer), or raises the
-PoolerError that PgBouncer's refusal carries (FATAL 08P01, its texts): no rule, `reject`,
-`cert` (no TLS here yet).
+PoolerError that PgBouncer's refusal carries (FATAL 08P01, its texts): no rule, `reject`.
 A `peer` rule with `map=` is settled here, against the ident map.
 
-Where the client's connection is TLS (`client.tls`), hostssl rules apply to it and hostnossl
-ones do not; until pypool speaks TLS every connection is plain.
+Where the client's connection is TLS (`client.tls_info` set by net/tls.py), hostssl rules
+apply to it and hostnossl ones do not. A `cert` rule is the certificate login of
+auth_type = cert (net/client.py), or with `map=`, the ident map over the certificate's
+common names.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..auth.hba import HbaRules, IdentMaps, Login, parse_hba, parse_ident
+from ..net import tls
 from ..protocol import errors
 from ..protocol.errors import PoolerError
 
@@ -78,7 +80,7 @@ def method_for(hba: HbaConfig, client: ClientConnection) -> str:
     unix = client.peer[0] == "unix"
     login = Login(
         address=None if unix else client.peer[0],
-        tls=client.tls,
+        tls=bool(client.tls_info),
         database=client.database,
         user=client.user,
         replication=client.startup_params.get("replication", "").lower() in _PHYSICAL,
@@ -89,9 +91,12 @@ def method_for(hba: HbaConfig, client: ClientConnection) -> str:
     log.debug("%r: HBA line %d is matched", client, rule.line)
     if rule.method == "reject":
         raise PoolerError("login rejected", side=errors.Side.CLIENT)
-    if rule.method == "cert":
-        log.warning("%r: TLS connection required", client)
-        raise PoolerError("certificate authentication failed", side=errors.Side.CLIENT)
+    if rule.method == "cert" and rule.map:
+        names = tls.peer_common_names(client.transport) if client.tls_info else None
+        if not names or not any(hba.maps.allows(rule.map, name, client.user) for name in names):
+            log.warning("%r: ident map: %s does not have a match", client, rule.map)
+            raise PoolerError("certificate authentication failed", side=errors.Side.CLIENT)
+        return "trust"  # the certificate, through the map, vouches for the user
     if rule.method == "peer" and rule.map:
         os_user = _os_user(client.peer_uid) if unix else None
         if os_user is None or not hba.maps.allows(rule.map, os_user, client.user):

@@ -135,6 +135,12 @@ def apply_settings(pooler: Pooler, new: Settings) -> None:
     if new.pooler.verbose != old.pooler.verbose:  # SET verbose, or a reload changing it
         logging.getLogger().setLevel(logging.DEBUG if new.pooler.verbose else logging.INFO)
     pooler.load_auth()
+    if pooler.tls.reload(new.pooler):
+        # New servers get the new TLS settings; old ones must not keep weaker ones. A login
+        # failure cached under the old settings says nothing about the new ones.
+        for pool in list(pooler.pools.values()):
+            pool.login_error = None
+            tag_dirty(pooler, pool, "obsolete connection (server TLS configuration changed)")
     research.apply(pooler, old.pooler)  # policies; the transaction log reopened (rotation)
     for pool in list(pooler.pools.values()):
         entry = new.database(pool.database)

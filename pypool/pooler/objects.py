@@ -39,6 +39,7 @@ from ..net import pipeline
 from ..net.client import ClientConnection
 from ..net.hooks import OpenConsole, OpenTransactionLog, ServeMetrics, TransactionLog
 from ..net.server import ServerConnection, ServerLoginError
+from ..net.tls import Tls
 from ..net.unix_socket import UnixSocket
 from ..pooling.client_limits import ClientCounts
 from ..pooling.pool import Pool, PoolLimits
@@ -122,6 +123,8 @@ class Pooler:
         # net/ never imports them. None: no console, no metrics (net/hooks.py).
         self.open_console: OpenConsole | None = None
         self.serve_metrics: ServeMetrics | None = None
+        # The TLS contexts in force (net/tls.py), rebuilt by apply_settings.
+        self.tls = Tls(settings.pooler)
         # Research (pooler/research.py): the pools' policies, and the transaction log, opened
         # through the hook cli.py sets (None: off).
         self.policy_factories: research.Factories = research.factories(settings.pooler)
