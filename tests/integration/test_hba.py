@@ -16,8 +16,11 @@ import pytest
 from tests.conftest import ADMIN_PASSWORD, ADMIN_USER, APP_PASSWORD, APP_USER, Pooler, PoolerFactory
 from tests.integration.app_client import connect
 from tests.integration.polling import wait_for
+from tests.integration.tls_ca import Certificates, certs
 
 pytestmark = pytest.mark.timeout(60)
+
+__all__ = ["certs"]  # the TLS fixture (tests/integration/tls_ca.py)
 
 OS_USER = pwd.getpwuid(os.geteuid()).pw_name
 
@@ -125,3 +128,21 @@ def test_a_missing_hba_file_refuses_every_login_and_says_why(
     while "could not open hba config file" not in p.log() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "could not open hba config file" in p.log()
+
+
+def test_hostssl_fits_tls_connections_and_hostnossl_plain_ones(
+    pooler: PoolerFactory, tmp_path: Path, certs: Certificates
+) -> None:
+    from tests.integration.test_tls import tls_settings
+
+    hba_path = tmp_path / "hba.conf"
+    hba_path.write_text("hostssl all all all trust\nhostnossl all all all reject\n")
+    p = pooler(ini_overrides={**tls_settings(certs), "auth_type": "hba",
+                              "auth_hba_file": str(hba_path)})
+    with connect("", host="localhost", port=p.port, dbname="app", user=APP_USER,
+                 sslmode="require") as conn:  # TLS: the hostssl line, trust
+        assert conn.pgconn.ssl_in_use
+        assert conn.execute("SELECT current_user").fetchone() == (APP_USER,)
+    with pytest.raises(psycopg.OperationalError, match="login rejected"):
+        connect("", host=p.host, port=p.port, dbname="app", user=APP_USER,
+                password=APP_PASSWORD, sslmode="disable")  # plaintext: hostnossl, reject
