@@ -338,8 +338,10 @@ class Pooler:
     def _login_failed(self, server: ServerConnection, text: str, error: bytes) -> None:
         """A server's connect or login failed: the pool's clients are told (see below)."""
         pool = server.pool
-        # As PgBouncer logs it: with the server's severity (FATAL database "x" does not exist).
-        severity = m.parse_error_fields(error[5:]).get("S", "")
+        # As PgBouncer logs it: an error the server sent with its severity (FATAL database "x"
+        # does not exist); the pooler's own (08P01, 08006: connect, TLS, protocol) as they are.
+        fields = m.parse_error_fields(error[5:])
+        severity = fields.get("S", "") if fields.get("C") not in ("08P01", "08006") else ""
         log.warning("%r: server login failed: %s%s", server, f"{severity} " if severity else "",
                     text)
         pool.login_error = (error, self.now())
