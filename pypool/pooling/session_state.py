@@ -1,0 +1,407 @@
+"""Session state: recognising the statements that change a server's session, and each client's
+record of the state it made, so that in transaction mode it follows its client and never
+reaches another one (docs/session-state.md).
+
+Theory of operation. `candidate(data, pos)` is the hot path: one table lookup of a simple
+Query's (or a Parse's) first byte, then of its first two letters, folded to lower case.
+Only texts that pass it are tokenised by `classify`, which reads the first keyword(s) and
+returns the `Command`s the statement carries: a plain SET or RESET of a setting (SET LOCAL is
+transaction-local and never one), SET ROLE, SET SESSION AUTHORIZATION, RESET ALL, DISCARD,
+LISTEN, UNLISTEN, CREATE TEMP TABLE, DECLARE ... WITH HOLD, CLOSE ALL, LOAD, and, in a
+SELECT, calls of `set_config(..., false)` and of the session-level advisory lock functions.
+
+What the pooler does with them is one of two things:
+- follow: a setting is recorded per client (`ClientSession.sets`, name -> the statement that
+  makes it) when the transaction it ran in ends well, replayed on the next server whose state
+  differs, and undone there before anyone else runs (`sync_statements`);
+- pin: state the pooler cannot move between servers (a LISTEN, an advisory lock, a temporary
+  table, a holdable cursor, a LOADed library, a SET it cannot replay exactly) keeps the client
+  on its server until it is gone (`ClientSession.pins`).
+
+Never touches a socket. What a statement does that its first keyword does not show (a SET in
+a function, the second statement of a multi-statement Query) is not seen: a documented limit.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final, NamedTuple
+
+from .params import quote_literal
+
+# What a Command is (Command.kind).
+SET: Final = 1  # name, and the statement that makes it (`replay`)
+RESET: Final = 2  # name
+RESET_ALL: Final = 3
+DISCARD_ALL: Final = 4
+DISCARD_TEMP: Final = 5
+LISTEN: Final = 6
+UNLISTEN: Final = 7
+UNLISTEN_ALL: Final = 8
+TEMP_TABLE: Final = 9
+HOLD_CURSOR: Final = 10
+CLOSE_ALL: Final = 11
+LOAD: Final = 12
+LOCK: Final = 13  # a session-level advisory lock taken (pg_advisory_lock and friends)
+UNLOCK: Final = 14
+UNLOCK_ALL: Final = 15
+UNTRACKABLE: Final = 16  # session state the pooler cannot replay exactly: it pins
+
+# The names of what pins a client (SHOW CLIENTS `pinned`, the NOTICE, the log line).
+PIN_REASONS: Final = {
+    LISTEN: "listen", TEMP_TABLE: "temp table", HOLD_CURSOR: "with hold cursor",
+    LOAD: "load", LOCK: "advisory lock", UNTRACKABLE: "untracked set",
+}
+# Recorded names with an undo of their own (RESET ALL leaves them, as PostgreSQL does).
+ROLE: Final = b"role"
+SESSION_AUTHORIZATION: Final = b"session_authorization"
+
+
+class Command(NamedTuple):
+    """One change of session state a statement makes."""
+
+    kind: int
+    name: bytes = b""  # the setting (folded to lower case), or the channel
+    replay: bytes = b""  # SET: the statement that makes the setting again
+
+
+# --- the hot path ----------------------------------------------------------------------------
+
+def _table(chars: bytes) -> tuple[bool, ...]:
+    return tuple(byte in chars for byte in range(256))
+
+
+# First bytes that can start a statement worth reading: the keywords' initials, whitespace,
+# a comment, a parenthesis.
+_FIRST: Final = _table(b"SsRrDdLlUuCc \t\r\n-/(")
+# The first two letters of those keywords, lower case.
+_TWO: Final = frozenset({b"se", b"re", b"di", b"li", b"lo", b"un", b"cr", b"de", b"cl"})
+_LETTER: Final = _table(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def candidate(data: bytes, pos: int) -> bool:
+    """Whether the text starting at data[pos] may change session state (the cheap check: a
+    statement that fails it is not one)."""
+    if pos >= len(data) or not _FIRST[data[pos]]:
+        return False
+    if not _LETTER[data[pos]]:
+        return True  # whitespace, a comment, a parenthesis: read on
+    return data[pos : pos + 2].lower() in _TWO
+
+
+# --- the tokenizer ---------------------------------------------------------------------------
+
+_SPACE: Final = _table(b" \t\r\n\f\v")
+_WORD: Final = re.compile(rb"[A-Za-z_\x80-\xff][A-Za-z0-9_$\x80-\xff]*")
+_DOLLAR_TAG: Final = re.compile(rb"\$(?:[A-Za-z_\x80-\xff][A-Za-z0-9_\x80-\xff]*)?\$")
+
+
+def skip_space(text: bytes, pos: int) -> int:
+    """The first position at or after `pos` that is neither whitespace nor inside a comment
+    (`--` to the end of the line, `/* */` nested, as PostgreSQL reads them)."""
+    n = len(text)
+    while pos < n:
+        byte = text[pos]
+        if _SPACE[byte]:
+            pos += 1
+        elif byte == 45 and text[pos + 1 : pos + 2] == b"-":  # --
+            end = text.find(b"\n", pos)
+            pos = n if end < 0 else end + 1
+        elif byte == 47 and text[pos + 1 : pos + 2] == b"*":  # /*
+            depth, pos = 1, pos + 2
+            while pos < n and depth:
+                if text.startswith(b"/*", pos):
+                    depth, pos = depth + 1, pos + 2
+                elif text.startswith(b"*/", pos):
+                    depth, pos = depth - 1, pos + 2
+                else:
+                    pos += 1
+        else:
+            break
+    return pos
+
+
+def _quoted_end(text: bytes, pos: int, escapes: bool = False) -> int:
+    """The end of the literal or quoted identifier starting at text[pos] (len if unclosed);
+    `escapes`: an E'' literal, where a backslash escapes the next byte."""
+    n = len(text)
+    byte = text[pos]
+    if byte == 36:  # $tag$ ... $tag$
+        tag = _DOLLAR_TAG.match(text, pos)
+        if tag is None:
+            return pos + 1
+        end = text.find(tag.group(), tag.end())
+        return n if end < 0 else end + len(tag.group())
+    i = pos + 1
+    while i < n:
+        c = text[i]
+        if escapes and c == 92:  # a backslash escape in an E'' literal
+            i += 2
+            continue
+        if c == byte:
+            if text[i + 1 : i + 2] == bytes((byte,)):
+                i += 2  # a doubled quote
+                continue
+            return i + 1
+        i += 1
+    return n
+
+
+def tokens(text: bytes, pos: int = 0, limit: int = 8) -> list[bytes]:
+    """Up to `limit` tokens of the statement from `pos`: words folded to lower case, quoted
+    identifiers and literals as written, other characters one at a time. Stops at a `;`."""
+    found: list[bytes] = []
+    n = len(text)
+    while len(found) < limit:
+        pos = skip_space(text, pos)
+        if pos >= n or text[pos] == 59:
+            break
+        byte = text[pos]
+        if (byte == 69 or byte == 101) and text[pos + 1 : pos + 2] == b"'":  # E'...'
+            end = _quoted_end(text, pos + 1, True)
+            found.append(text[pos:end])
+            pos = end
+            continue
+        word = _WORD.match(text, pos)
+        if word is not None:
+            found.append(word.group().lower())
+            pos = word.end()
+        elif byte == 39 or byte == 34 or byte == 36:
+            end = _quoted_end(text, pos)
+            found.append(text[pos:end])
+            pos = end
+        else:
+            found.append(text[pos : pos + 1])
+            pos += 1
+    return found
+
+
+def statement_end(text: bytes, pos: int = 0) -> int:
+    """Where the statement starting at `pos` ends: its `;`, or the end of the text; quotes,
+    dollar quotes and comments are stepped over."""
+    n = len(text)
+    while pos < n:
+        pos = skip_space(text, pos)
+        if pos >= n:
+            break
+        byte = text[pos]
+        if byte == 59:
+            return pos
+        if (byte == 69 or byte == 101) and text[pos + 1 : pos + 2] == b"'":
+            pos = _quoted_end(text, pos + 1, True)
+        elif byte == 39 or byte == 34 or (byte == 36 and _DOLLAR_TAG.match(text, pos)):
+            pos = _quoted_end(text, pos)
+        else:
+            pos += 1
+    return n
+
+
+def single(text: bytes, start: int) -> tuple[bytes, bool]:
+    """The first statement of `text` (from `start`), without its `;`, and whether it is the
+    only one (nothing but `;`, whitespace and comments after it)."""
+    end = statement_end(text, start)
+    first = text[start:end].rstrip()
+    rest = end
+    while rest < len(text):
+        rest = skip_space(text, rest)
+        if rest < len(text) and text[rest] != 59:
+            return first, False
+        rest += 1
+    return first, True
+
+
+# --- the classifier --------------------------------------------------------------------------
+
+_SELECT_CALLS: Final = re.compile(
+    rb"\b(pg_try_advisory_lock_shared|pg_try_advisory_lock|pg_advisory_lock_shared|"
+    rb"pg_advisory_lock|pg_advisory_unlock_shared|pg_advisory_unlock_all|pg_advisory_unlock|"
+    rb"set_config)\s*\(",
+    re.I,
+)
+_LOCKS: Final = {b"pg_try_advisory_lock_shared": LOCK, b"pg_try_advisory_lock": LOCK,
+                 b"pg_advisory_lock_shared": LOCK, b"pg_advisory_lock": LOCK,
+                 b"pg_advisory_unlock_shared": UNLOCK, b"pg_advisory_unlock": UNLOCK,
+                 b"pg_advisory_unlock_all": UNLOCK_ALL}
+# SET forms that name a setting differently (SET TIME ZONE x is SET timezone = x).
+_SET_ALIASES: Final = {b"time": b"timezone", b"schema": b"search_path", b"names":
+                       b"client_encoding", b"xml": b"xmloption"}
+_TRANSACTION_LOCAL: Final = frozenset({b"local", b"transaction", b"constraints"})
+
+
+def classify(text: bytes, start: int = 0) -> list[Command]:
+    """The changes of session state the statement at text[start:] makes (the first statement
+    of a multi-statement Query; a SET followed by more statements is UNTRACKABLE, as the
+    pooler would replay them too). [] for none."""
+    pos = skip_space(text, start)
+    while pos < len(text) and text[pos] == 40:  # (SELECT ...)
+        pos = skip_space(text, pos + 1)
+    words = tokens(text, pos, 9)
+    if not words:
+        return []
+    verb = words[0]
+    if verb == b"set":
+        return _set(text, pos, words)
+    if verb == b"reset":
+        if len(words) < 2:
+            return []
+        if words[1] == b"all":
+            return [Command(RESET_ALL)]
+        if words[1] == b"session" and words[2:3] == [b"authorization"]:
+            return [Command(RESET, SESSION_AUTHORIZATION)]
+        return [Command(RESET, _setting(words[1]))]
+    if verb == b"discard":
+        what = words[1] if len(words) > 1 else b""
+        if what == b"all":
+            return [Command(DISCARD_ALL)]
+        if what in (b"temp", b"temporary"):
+            return [Command(DISCARD_TEMP)]
+        return []
+    if verb == b"listen" and len(words) > 1:
+        return [Command(LISTEN, words[1])]
+    if verb == b"unlisten" and len(words) > 1:
+        return [Command(UNLISTEN_ALL)] if words[1] == b"*" else [Command(UNLISTEN, words[1])]
+    if verb == b"load":
+        return [Command(LOAD)]
+    if verb == b"create":
+        rest = words[1:]
+        if rest[:1] in ([b"global"], [b"local"]):
+            rest = rest[1:]
+        if rest[:1] in ([b"temp"], [b"temporary"]):
+            return [Command(TEMP_TABLE)]
+        if rest[:1] == [b"unlogged"]:
+            rest = rest[1:]
+        if rest[:1] == [b"table"] and len(rest) > 1:
+            name = rest[1:4] if rest[1:2] != [b"if"] else rest[4:7]
+            if name[:2] == [b"pg_temp", b"."]:
+                return [Command(TEMP_TABLE)]
+        return []
+    if verb == b"declare":
+        statement, _ = single(text, pos)
+        found = tokens(statement, 0, 64)
+        head = found[: found.index(b"for")] if b"for" in found else found
+        if b"with" in head and b"hold" in head:
+            return [Command(HOLD_CURSOR)]
+        return []
+    if verb == b"close" and words[1:2] == [b"all"]:
+        return [Command(CLOSE_ALL)]
+    if verb == b"select":
+        return _calls(text, pos)
+    return []
+
+
+def _setting(word: bytes) -> bytes:
+    """A setting's name as a record key: folded, quotes taken off."""
+    if word[:1] == b'"':
+        return word[1:-1].replace(b'""', b'"').lower()
+    return word
+
+
+def _set(text: bytes, pos: int, words: list[bytes]) -> list[Command]:
+    if len(words) < 2 or words[1] in _TRANSACTION_LOCAL:
+        return []  # SET LOCAL, SET TRANSACTION, SET CONSTRAINTS: gone at the transaction's end
+    statement, alone = single(text, pos)
+    i = 1
+    if words[1] == b"session":
+        if words[2:3] == [b"characteristics"]:
+            return [Command(UNTRACKABLE, b"session characteristics")]
+        if words[2:3] == [b"authorization"]:
+            name = SESSION_AUTHORIZATION
+            return [Command(SET, name, statement) if alone else Command(UNTRACKABLE, name)]
+        i = 2
+    if len(words) <= i:
+        return []
+    first = words[i]
+    if first == b"role":
+        name = ROLE
+    else:
+        name = _SET_ALIASES.get(first, _setting(first))
+        # A custom setting's dotted name: `myapp.user_id`.
+        if words[i + 1 : i + 2] == [b"."] and len(words) > i + 2:
+            name = name + b"." + _setting(words[i + 2])
+    if not alone:
+        return [Command(UNTRACKABLE, name)]
+    if i == 2:  # SET SESSION x: the same as SET x, replayed without the noise word
+        statement = b"SET " + statement[statement.lower().index(b"session") + 7 :].lstrip()
+    return [Command(SET, name, statement)]
+
+
+def _calls(text: bytes, pos: int) -> list[Command]:
+    """A SELECT's calls of set_config(..., false) and the session advisory lock functions."""
+    found: list[Command] = []
+    end = statement_end(text, pos)
+    for call in _SELECT_CALLS.finditer(text, pos, end):
+        function = call.group(1).lower()
+        kind = _LOCKS.get(function)
+        if kind is not None:
+            found.append(Command(kind))
+            continue
+        args = _literal_args(text, call.end(), end)
+        if args is None:
+            found.append(Command(UNTRACKABLE, b"set_config"))
+        elif args[2] == b"false":
+            name, value = args[0].lower(), args[1]
+            replay = (b"SELECT pg_catalog.set_config(" + _literal(name) + b", "
+                      + _literal(value) + b", false)")
+            found.append(Command(SET, name, replay))
+    return found
+
+
+def _literal_args(text: bytes, pos: int, end: int) -> tuple[bytes, bytes, bytes] | None:
+    """set_config's three arguments when they are plain literals ('name', 'value', false);
+    None when the pooler cannot tell their values."""
+    args: list[bytes] = []
+    for token in tokens(text[:end], pos, 7):
+        if token == b",":
+            continue
+        if token == b")":
+            break
+        if token[:1] == b"'" and token.endswith(b"'") and len(token) > 1:
+            args.append(token[1:-1].replace(b"''", b"'"))
+        elif token in (b"true", b"false"):
+            args.append(token)
+        else:
+            return None
+    if len(args) != 3 or args[2] not in (b"true", b"false"):
+        return None
+    return args[0], args[1], args[2]
+
+
+def _literal(value: bytes) -> bytes:
+    return quote_literal(value.decode("utf-8", "surrogateescape")).encode(
+        "utf-8", "surrogateescape")
+
+
+def quote_ident(name: bytes) -> bytes:
+    """A setting's name as SQL: bare when it is a plain (dotted) lower-case name."""
+    if re.fullmatch(rb"[a-z_][a-z0-9_$]*(?:\.[a-z_][a-z0-9_$]*)?", name):
+        return name
+    return b'"' + name.replace(b'"', b'""') + b'"'
+
+
+def undo(name: bytes) -> bytes:
+    """The statement that gives setting `name` back its session default."""
+    if name == ROLE:
+        return b"RESET ROLE"
+    if name == SESSION_AUTHORIZATION:
+        return b"RESET SESSION AUTHORIZATION"
+    return b"RESET " + quote_ident(name)
+
+
+def sync_statements(server: dict[bytes, bytes | None], client: dict[bytes, bytes]) -> bytes:
+    """The SQL that turns a server holding settings `server` (name -> the statement that made
+    it, None when unsure) into one holding the client's; b"" when they match. Undoes go first
+    (role and session authorization first), then the client's statements in the order it
+    ran them."""
+    undos = [name for name in server if name not in client]
+    # The identity first: a RESET of another setting may need the login role's rights.
+    undos.sort(key=lambda name: 0 if name == ROLE else 1 if name == SESSION_AUTHORIZATION
+               else 2)
+    parts = [undo(name) for name in undos]
+    if any(name == SESSION_AUTHORIZATION for name in client) and (
+        server.get(SESSION_AUTHORIZATION) != client.get(SESSION_AUTHORIZATION)
+    ):
+        # SET SESSION AUTHORIZATION resets the role: replay everything after it.
+        parts.extend(client.values())
+    else:
+        parts.extend(made for name, made in client.items() if server.get(name) != made)
+    return b"; ".join(parts)
