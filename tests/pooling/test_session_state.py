@@ -110,8 +110,9 @@ _COMMENT = st.one_of(
 
 
 def _case(text: str, flips: list[bool]) -> str:
-    return "".join(ch.swapcase() if flip else ch for ch, flip in zip(text, flips + [False] *
-                                                                     len(text)))
+    flips = flips + [False] * len(text)
+    return "".join(ch.swapcase() if flip else ch for ch, flip in zip(text, flips[: len(text)],
+                                                                     strict=True))
 
 
 @given(prefix=st.lists(_COMMENT, max_size=4), sql=_KEYWORD,
