@@ -46,6 +46,8 @@ LOCK: Final = 13  # a session-level advisory lock taken (pg_advisory_lock and fr
 UNLOCK: Final = 14
 UNLOCK_ALL: Final = 15
 UNTRACKABLE: Final = 16  # session state the pooler cannot replay exactly: it pins
+ROLLBACK: Final = 17  # ROLLBACK, ABORT: the transaction's settings are undone
+ROLLBACK_TO: Final = 18  # ROLLBACK TO SAVEPOINT: settings since (say) the block's start too
 
 # The names of what pins a client (SHOW CLIENTS `pinned`, the NOTICE, the log line).
 PIN_REASONS: Final = {
@@ -73,9 +75,10 @@ def _table(chars: bytes) -> tuple[bool, ...]:
 
 # First bytes that can start a statement worth reading: the keywords' initials, whitespace,
 # a comment, a parenthesis.
-_FIRST: Final = _table(b"SsRrDdLlUuCc \t\r\n-/(")
+_FIRST: Final = _table(b"SsRrDdLlUuCcAa \t\r\n-/(")
 # The first two letters of those keywords, lower case.
-_TWO: Final = frozenset({b"se", b"re", b"di", b"li", b"lo", b"un", b"cr", b"de", b"cl"})
+_TWO: Final = frozenset({b"se", b"re", b"di", b"li", b"lo", b"un", b"cr", b"de", b"cl", b"ro",
+                         b"ab"})
 _LETTER: Final = _table(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
@@ -262,6 +265,11 @@ def classify(text: bytes, start: int = 0) -> list[Command]:
         return [Command(UNLISTEN_ALL)] if words[1] == b"*" else [Command(UNLISTEN, words[1])]
     if verb == b"load":
         return [Command(LOAD)]
+    if verb == b"rollback" or verb == b"abort":
+        rest = [w for w in words[1:3] if w not in (b"work", b"transaction")]
+        if rest[:1] == [b"to"]:
+            return [Command(ROLLBACK_TO)]
+        return [] if rest[:1] == [b"prepared"] else [Command(ROLLBACK)]
     if verb == b"create":
         rest = words[1:]
         if rest[:1] in ([b"global"], [b"local"]):
@@ -405,3 +413,176 @@ def sync_statements(server: dict[bytes, bytes | None], client: dict[bytes, bytes
     else:
         parts.extend(made for name, made in client.items() if server.get(name) != made)
     return b"; ".join(parts)
+
+
+# --- reject ----------------------------------------------------------------------------------
+
+# The kinds that make state (reject refuses them); the others only clear it.
+CREATES: Final = frozenset({SET, LISTEN, TEMP_TABLE, HOLD_CURSOR, LOAD, LOCK, UNTRACKABLE})
+_LABELS: Final = {
+    SET: "SET", LISTEN: "LISTEN", TEMP_TABLE: "CREATE TEMP TABLE",
+    HOLD_CURSOR: "DECLARE ... WITH HOLD", LOAD: "LOAD", LOCK: "pg_advisory_lock",
+    UNTRACKABLE: "SET",
+}
+
+
+def label(command: Command) -> str:
+    """The command as an error message or a log line names it."""
+    if command.name == ROLE:
+        return "SET ROLE"
+    if command.name == SESSION_AUTHORIZATION:
+        return "SET SESSION AUTHORIZATION"
+    if command.kind == SET and command.replay.startswith(b"SELECT pg_catalog.set_config("):
+        return "set_config(..., false)"
+    return _LABELS.get(command.kind, "this statement")
+
+
+def refusal_message(command: Command, pool_mode: str) -> str:
+    return (f"{label(command)} is not allowed in {pool_mode} pooling mode "
+            "(session_state = reject)")
+
+
+def refusal(command: Command, pool_mode: str) -> bytes:
+    """SQL that fails in the refused statement's place with SQLSTATE 0A000: PostgreSQL
+    answers it where the statement would have been answered, so replies stay in order and a
+    transaction block aborts as it would for any error, and the statement itself never runs."""
+    message = quote_literal(refusal_message(command, pool_mode)).encode()
+    return (b"DO $pypool$BEGIN RAISE EXCEPTION USING MESSAGE = " + message
+            + b", ERRCODE = '0A000'; END$pypool$")
+
+
+def refused_message(kind: int, data: bytes, pos: int, end: int, text_at: int,
+                    sql: bytes) -> bytes:
+    """The Query or Parse at data[pos:end] (its text at `text_at`) with `sql` for its text."""
+    text_end = data.index(0, text_at, end)
+    body = data[pos + 5 : text_at] + sql + data[text_end:end]
+    return bytes((kind,)) + (len(body) + 4).to_bytes(4, "big") + body
+
+
+# --- one client's record ---------------------------------------------------------------------
+
+# A marker among the names of a hidden SET (core/backend.py): the SET also syncs these.
+SESSION_SETTINGS: Final = "pypool.session_state"
+
+
+class ClientSession:
+    """One client's session state in transaction mode: the settings that follow it (`sets`,
+    name -> the statement that makes it, in the order it ran them) and what pins it to its
+    server (`pins`, kind -> count). Commands are told as they are sent (`sent`) and take
+    effect at the ReadyForQuery that ends their transaction (`ready`), as PostgreSQL makes
+    them: a failed or rolled-back transaction's settings are dropped. A pin is taken as its
+    statement is sent and never given back on a guess (a LISTEN in a transaction that failed
+    keeps its client pinned until UNLISTEN, DISCARD ALL or the end): when unsure, pin."""
+
+    def __init__(self) -> None:
+        self.sets: dict[bytes, bytes] = {}
+        self.pins: dict[int, int] = {}
+        self.listening: set[bytes] = set()
+        self.pending: list[Command] = []  # sent, their transaction not over yet
+        self.doomed = False  # an error in the open transaction: it will roll back
+        self.errors_seen = 0  # the FrontendLedger's error count at the last ready()
+        self.noticed = False  # the first-pin NOTICE went out
+
+    def pinned(self) -> str:
+        """Why the client keeps its server ("" when it need not)."""
+        pins = self.pins
+        if not pins:
+            return ""
+        return ", ".join(PIN_REASONS[kind] for kind in sorted(pins))
+
+    def busy(self) -> bool:
+        """Pinned, or changes whose transaction is not over: no one may be queued behind
+        this client on its server (net/pipeline.py)."""
+        return bool(self.pins or self.pending)
+
+    def sent(self, commands: list[Command], server: dict[bytes, bytes | None] | None) -> bool:
+        """Commands went to the server whose settings are `server` (None: not yet linked).
+        Returns whether the client became pinned."""
+        was = bool(self.pins)
+        for command in commands:
+            kind = command.kind
+            if kind in PIN_REASONS:
+                self.pins[kind] = self.pins.get(kind, 0) + 1
+            elif kind == ROLLBACK_TO:
+                # The settings sent since the savepoint may be undone: unsure which, drop
+                # them all from the record (the server keeps them marked unsure).
+                self.pending = [c for c in self.pending if c.kind != SET and c.kind != RESET]
+                continue
+            if (kind == SET or kind == RESET or kind == UNTRACKABLE) and server is not None:
+                server[command.name] = None  # unsure until the transaction is over
+            self.pending.append(command)
+        return not was and bool(self.pins)
+
+    def ready(self, status: int, errors: int, server: dict[bytes, bytes | None] | None) -> None:
+        """The client's transaction status after a ReadyForQuery that left it owed nothing;
+        `errors`: its ledger's count of ErrorResponses so far."""
+        if errors != self.errors_seen:
+            self.errors_seen = errors
+            self.doomed = True
+        if status != 73:
+            return  # "T", "E": still inside a transaction block
+        pending, self.pending = self.pending, []
+        if self.doomed or any(command.kind == ROLLBACK for command in pending):
+            self.doomed = False
+            for command in pending:  # not transactional: an unlock that ran before the error
+                if command.kind == UNLOCK_ALL:
+                    self.pins.pop(LOCK, None)
+            return
+        sets = self.sets
+        for command in pending:
+            kind = command.kind
+            name = command.name
+            if kind == SET:
+                sets.pop(name, None)
+                sets[name] = command.replay
+                if server is not None:
+                    server[name] = command.replay
+            elif kind == RESET:
+                sets.pop(name, None)
+                if server is not None:
+                    server.pop(name, None)
+            elif kind == RESET_ALL:
+                for table in (sets, server):
+                    if table is not None:
+                        for key in [k for k in table if k not in (ROLE, SESSION_AUTHORIZATION)]:
+                            del table[key]
+            elif kind == DISCARD_ALL:
+                sets.clear()
+                if server is not None:
+                    server.clear()
+                self.listening.clear()
+                for pin in (LISTEN, TEMP_TABLE, HOLD_CURSOR, LOCK, UNTRACKABLE):
+                    self.pins.pop(pin, None)
+            elif kind == DISCARD_TEMP:
+                self.pins.pop(TEMP_TABLE, None)
+            elif kind == LISTEN:
+                self.listening.add(name)
+            elif kind == UNLISTEN:
+                self.listening.discard(name)
+                if not self.listening:
+                    self.pins.pop(LISTEN, None)
+            elif kind == UNLISTEN_ALL:
+                self.listening.clear()
+                self.pins.pop(LISTEN, None)
+            elif kind == CLOSE_ALL:
+                self.pins.pop(HOLD_CURSOR, None)
+            elif kind == UNLOCK:
+                self._unpin(LOCK)
+            elif kind == UNLOCK_ALL:
+                self.pins.pop(LOCK, None)
+
+    def _unpin(self, kind: int) -> None:
+        count = self.pins.get(kind, 0) - 1
+        if count > 0:
+            self.pins[kind] = count
+        else:
+            self.pins.pop(kind, None)
+
+    def on_server(self) -> dict[bytes, bytes | None]:
+        """What a server holds once this client's settings are made there: its record, and
+        the names its unfinished transaction sets (unsure until it is over)."""
+        held: dict[bytes, bytes | None] = dict(self.sets)
+        for command in self.pending:
+            if command.kind == SET or command.kind == RESET or command.kind == UNTRACKABLE:
+                held[command.name] = None
+        return held

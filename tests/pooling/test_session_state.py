@@ -71,6 +71,11 @@ def kinds(sql: str) -> list[int]:
     ("/* c */ -- line\n  SET work_mem = 1", [Command(ss.SET, b"work_mem",
                                                     b"SET work_mem = 1")]),
     ("(SELECT pg_advisory_lock(1))", [Command(ss.LOCK)]),
+    ("ROLLBACK", [Command(ss.ROLLBACK)]),
+    ("abort work", [Command(ss.ROLLBACK)]),
+    ("ROLLBACK TO SAVEPOINT s", [Command(ss.ROLLBACK_TO)]),
+    ("ROLLBACK TRANSACTION TO s", [Command(ss.ROLLBACK_TO)]),
+    ("ROLLBACK PREPARED 'x'", []),
 ])
 def test_classify(sql: str, expected: list[Command]) -> None:
     assert classify(sql.encode()) == expected
@@ -146,6 +151,38 @@ def test_quotes_hide_semicolons(literal: str) -> None:
     text = f"SET application_name = {quoted}".encode()
     first, alone = ss.single(text + b";", 0)
     assert alone and first == text
+
+
+def test_a_client_record_follows_transactions() -> None:
+    session = ss.ClientSession()
+    server: dict[bytes, bytes | None] = {}
+    set_a = Command(ss.SET, b"a", b"SET a = 1")
+    session.sent([set_a], server)
+    assert server == {b"a": None}
+    session.ready(ord("T"), 0, server)
+    assert session.sets == {}  # not over yet
+    session.sent([Command(ss.ROLLBACK)], server)
+    session.ready(ord("I"), 0, server)
+    assert session.sets == {} and server == {b"a": None}
+    session.sent([set_a], server)
+    session.ready(ord("I"), 1, server)  # an error: rolled back
+    assert session.sets == {}
+    session.sent([set_a], server)
+    session.ready(ord("I"), 1, server)
+    assert session.sets == {b"a": b"SET a = 1"} and server == {b"a": b"SET a = 1"}
+    session.sent([Command(ss.LISTEN, b"c"), Command(ss.LOCK), Command(ss.LOCK)], server)
+    assert session.pinned() == "listen, advisory lock" and session.busy()
+    session.ready(ord("I"), 2, server)  # failed: a pin is never given back on a guess
+    assert session.pinned() == "listen, advisory lock"
+    session.sent([Command(ss.UNLOCK), Command(ss.UNLISTEN_ALL)], server)
+    session.ready(ord("I"), 2, server)
+    assert session.pinned() == "advisory lock"
+    session.sent([Command(ss.UNLOCK)], server)
+    session.ready(ord("I"), 2, server)
+    assert session.pinned() == "" and not session.busy()
+    session.sent([Command(ss.DISCARD_ALL)], server)
+    session.ready(ord("I"), 2, server)
+    assert session.sets == {} and server == {}
 
 
 def test_sync_statements() -> None:
