@@ -238,6 +238,11 @@ def classify(text: bytes, start: int = 0) -> list[Command]:
     pos = skip_space(text, start)
     while pos < len(text) and text[pos] == 40:  # (SELECT ...)
         pos = skip_space(text, pos + 1)
+    first = _WORD.match(text, pos)
+    if first is None:
+        return []
+    if first.group().lower() == b"select":  # the common case: one regex search, no tokens
+        return _calls(text, pos) if _SELECT_CALLS.search(text, pos) else []
     words = tokens(text, pos, 9)
     if not words:
         return []
@@ -292,8 +297,6 @@ def classify(text: bytes, start: int = 0) -> list[Command]:
         return []
     if verb == b"close" and words[1:2] == [b"all"]:
         return [Command(CLOSE_ALL)]
-    if verb == b"select":
-        return _calls(text, pos)
     return []
 
 
