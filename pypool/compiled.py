@@ -50,6 +50,7 @@ HOT_MODULES = (
     "pypool.pooling.prepared.request_queue",
     "pypool.pooling.prepared.cache",
     "pypool.pooling.prepared.sql",
+    "pypool.pooling.prepared.guard",
     "pypool.pooling.prepared.rewriter",
     "pypool.net.flow_control",
     "pypool.net.pipeline",

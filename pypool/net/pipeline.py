@@ -31,25 +31,66 @@ error. A CancelRequest from a client still queued behind another is dropped: sen
 would cancel the query ahead; sent when the client's turn comes, it could already hit the one
 behind (the whole line is on the server's socket). Its query runs to its end.
 
+query_wait_timeout still applies to a client in a line, as long as its transaction has not
+started on the server. While it is set, a client is queued only if its transaction is one
+extended-protocol segment ending at its Sync (a simple Query or FunctionCall, or several
+transactions at once, stays waiting in the pool), and only before its deadline. In front of
+its messages goes a guard (pooling/prepared/guard.py): a Bind and Execute of the pooler's own
+statement that fails once the deadline, `wait_start + query_wait_timeout` as wall-clock time,
+has passed on the server's clock. Then PostgreSQL skips the rest of the segment to the
+client's Sync, the transaction never starts, the guard's replies are swallowed, and the
+client gets PgBouncer's `query_wait_timeout` (FATAL) while the ReadyForQuery 'I' of its Sync
+goes by, dropped, and the line moves on (`guard_verdict`, `skipped_in_line`). Until its
+guard has passed (or, with others queued behind it, until its ReadyForQuery), what the
+client sends next waits, uncounted, as for the others in the line: once refused, nothing of
+it may run, and it is dropped.
+
+A client whose turn has not come (still in `chain`) is refused sooner, by the janitor
+(`refuse_overdue`), at its deadline plus GUARD_MARGIN, and only when nothing the server sent
+is left unread in its socket: if the guard had passed, the server would have sent the
+ReadyForQuery of the client ahead before the deadline, and the pooler would have read it.
+Its replies, when they come (the guard fails), are dropped like those of a client that left.
+On one host this cannot go wrong as long as the clock is not stepped back; with PostgreSQL
+on another, its clock must agree with the pooler's to within GUARD_MARGIN less the time a
+reply takes to arrive. A follower refused whose guard passes anyway is logged as an error.
+
 What is given up: a client queued behind a slow query waits for it even if another server
-frees up first, and query_wait_timeout no longer applies to it once its request is sent.
-The line is short (`pipeline_depth`, default 4; 0 turns pipelining off) and is only formed
-while clients are already waiting for a server.
+frees up first (and, with query_wait_timeout set, is refused at its deadline rather than
+served elsewhere); simple Queries are not pipelined while query_wait_timeout is set (no
+guard can share their implicit transaction: a Query after a failed extended message is
+skipped with no ReadyForQuery of its own, and one after a passed guard commits it); and a
+queued client's next request waits for its first to start. The line is short
+(`pipeline_depth`; 0, the default, turns pipelining off) and is only formed while clients are
+already waiting for a server.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import fcntl
+import struct
+import termios
+import time
+from typing import TYPE_CHECKING, Final
 
 from ..core.states import ClientEvent, ClientState
 from ..pooling.params import covers
+from ..pooling.prepared.guard import FAILED, PENDING, SKIPPED, Guard
 from ..pooling.session_state import sync_statements
 from ..protocol import messages as m
+from ..protocol.errors import PoolerError
 
 if TYPE_CHECKING:
     from ..pooler import Pooler
     from .client import ClientConnection
     from .server import ServerConnection
+
+# How long after its deadline a client whose turn has not come is refused (see the module
+# docstring): room for the clocks of two hosts to differ and for a reply still on its way.
+GUARD_MARGIN: Final = 0.25
+# The first message of a transaction that can carry a guard: an extended-protocol one.
+_EXTENDED: Final = tuple(
+    kind in (m.PARSE, m.BIND, m.DESCRIBE, m.EXECUTE, m.CLOSE, m.FLUSH) for kind in range(256)
+)
 
 
 def worth_extending(server: ServerConnection) -> bool:
@@ -72,6 +113,8 @@ def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
     depth = pooler.pipeline_depth if may_serve_on(pooler, server) else 0
     chain = server.chain
     out = [data]
+    wait_timeout = pooler.settings.pooler.query_wait_timeout
+    now = pooler.now() if wait_timeout else 0.0
     # Only while the pool may not open another server: until then, a new one serves sooner.
     while len(chain) < depth and not pool.paused and pool.server_count >= pool.limits.pool_size:
         if not pool.waiting:
@@ -84,8 +127,9 @@ def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
         if client.state is not ClientState.WAITING:
             pool.dequeue()
             continue
-        if not can_follow(server, client):
-            break
+        if not can_follow(server, client) or (
+                wait_timeout and now >= client.wait_start + wait_timeout):
+            break  # past its deadline: the janitor refuses it, or a free server takes it
         pool.dequeue()
         out.append(follow(server, client))
     data = b"".join(out)
@@ -109,6 +153,8 @@ def join_open_line(pooler: Pooler, client: ClientConnection) -> bool:
     pool = client.pool
     assert pool is not None
     lines = pool.open_lines
+    if pooler.settings.pooler.query_wait_timeout and not guardable(client):
+        return False  # no line takes it: leave them listed for those that fit
     depth = pooler.pipeline_depth
     while lines:
         server = lines.pop()
@@ -136,9 +182,17 @@ def can_follow_any(server: ServerConnection) -> bool:
                 # A statement that changes session state is never neutral: the client may
                 # keep the server, and the next one must find its settings made first.
                 or (last.session is not None and last.session.busy())
-                or last.tx_status != m.TX_IDLE or not last.reader.idle()
+                or last.tx_status != m.TX_IDLE or not _reader_free(last)
                 or server.hidden_syncs or server.close_reason or not st.neutral_tail()
                 or st.undoable or st.blocked or st.discarding)
+
+
+def _reader_free(client: ClientConnection) -> bool:
+    """Nothing of `client`'s half-read or waiting, but what a guard holds back (it waits for
+    its own server, as what the others in a line send does)."""
+    reader = client.reader
+    return reader.idle() or (reader.blocked and not reader.partial and not reader.skip
+                             and guarded(client))
 
 
 def can_follow(server: ServerConnection, client: ClientConnection) -> bool:
@@ -147,12 +201,29 @@ def can_follow(server: ServerConnection, client: ClientConnection) -> bool:
     if (client.statements is None or client.statements.sql
             or not can_follow_any(server)):
         return False
+    if server.pooler.settings.pooler.query_wait_timeout and not guardable(client):
+        return False
     # No SET may be needed for it: a hidden query's replies would be mistaken for the others'.
     session = client.session
     if session is not None and (session.busy() or (session.sets or server.session_sets)
                                 and sync_statements(server.session_sets, session.sets)):
         return False
     return covers(server.params, client.params)
+
+
+def guardable(client: ClientConnection) -> bool:
+    """Whether what `client` waits to send is one extended-protocol segment ending at its
+    Sync, which a guard can open (see the module docstring)."""
+    ledger = client.ledger
+    outbox = client._outbox
+    return (ledger.pending == 1 and not ledger.unsynced and not ledger.copy
+            and bool(outbox) and _EXTENDED[outbox[0][0]])
+
+
+def guarded(client: ClientConnection) -> bool:
+    """Whether `client` is in a line with a guard: it holds what it sends next itself."""
+    st = client.statements
+    return st is not None and st.guard is not None
 
 
 def follow(server: ServerConnection, client: ClientConnection) -> bytes:
@@ -165,7 +236,98 @@ def follow(server: ServerConnection, client: ClientConnection) -> bytes:
     client.server = server
     client.on(ClientEvent.LINKED)
     server.pool.stats.pipelined_count += 1
-    return client.take_outbox(server)
+    pooler = server.pooler
+    wait_timeout = pooler.settings.pooler.query_wait_timeout
+    if not wait_timeout:
+        return client.take_outbox(server)
+    st = client.statements
+    assert st is not None
+    due = client.wait_start + wait_timeout
+    guard = Guard(client, due, time.time() + (due - pooler.now()), guard_verdict)
+    st.guard = guard
+    # Until its transaction has started, what it sends waits: were it refused, nothing more
+    # of it may run.
+    client.reader.blocked = True
+    return server.statements.queue_guard(guard) + client.take_outbox(server)
+
+
+def guard_verdict(guard: Guard) -> None:
+    """Called by the request queue (guard.py), from inside the reading of the server's
+    replies. FAILED: the server skipped the transaction, its deadline had passed; the client
+    is refused (unless the janitor did so already), and stays in the line until the
+    ReadyForQuery of its Sync has gone by (`skipped_in_line`). PASSED: its transaction has
+    started; if nobody is queued behind it, what it sent meanwhile may go (its transaction
+    may be a BEGIN: it must not wait for a release that only its next requests bring)."""
+    client: ClientConnection = guard.owner
+    if guard.state == FAILED:
+        if client.state is not ClientState.CLOSED:
+            refuse(client)
+    elif client.state is not ClientState.CLOSED:
+        # Not from in here: the server's relay is halfway through its bytes.
+        client.pooler.loop.call_soon(_send_on, client, guard)
+
+
+def _send_on(client: ClientConnection, guard: Guard) -> None:
+    """After a PASSED guard: the client, still the last in its line, sends on."""
+    server = client.server
+    st = client.statements
+    if (server is None or st is None or st.guard is not guard
+            or client.state is ClientState.CLOSED or not client.reader.blocked):
+        return  # released already (and sending on), or gone
+    last = server.chain[-1] if server.chain else server.client
+    if last is client:
+        client.resume_rewriting()
+
+
+def skipped_in_line(client: ClientConnection) -> bool:
+    """Whether the guard of linked `client` failed (or an error came before it): all the
+    server still owes it is the ReadyForQuery of the segment it skips, so a client that
+    leaves now (refused) keeps its place until then, and the server serves on."""
+    st = client.statements
+    guard = st.guard if st is not None else None
+    return guard is not None and (guard.state == FAILED or guard.state == SKIPPED)
+
+
+def refuse(client: ClientConnection) -> None:
+    """Tell a client in a line `query_wait_timeout`, as the janitor tells a waiting one."""
+    pool = client.pool
+    assert pool is not None
+    pool.stats.count_error("query_wait_timeout")
+    client.reader.partial.clear()  # sent after its guarded transaction: must never run
+    client.fail(PoolerError("query_wait_timeout"))
+
+
+def refuse_overdue(pooler: Pooler, server: ServerConnection, now: float) -> None:
+    """The janitor's part: refuse the clients queued behind the head of `server`'s line
+    (their turn has not come) whose deadline passed GUARD_MARGIN ago, if nothing the server
+    sent is left unread (see the module docstring)."""
+    unread: bool | None = None
+    for client in list(server.chain):
+        st = client.statements
+        guard = st.guard if st is not None else None
+        if (guard is None or guard.state != PENDING or guard.refused
+                or client.state is ClientState.CLOSED or now < guard.due + GUARD_MARGIN):
+            continue
+        if unread is None:
+            unread = replies_unread(server)
+        if unread:
+            return  # the ReadyForQuery ahead may be among them: the guard decides
+        guard.refused = True
+        refuse(client)
+
+
+def replies_unread(server: ServerConnection) -> bool:
+    """Whether bytes from the server wait unread in its socket's receive queue (FIONREAD);
+    True when that cannot be told."""
+    transport = server.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return True
+    try:
+        raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return True
+    return bool(struct.unpack("i", raw)[0])
 
 
 def hand_on(pooler: Pooler, server: ServerConnection, now: float) -> None:

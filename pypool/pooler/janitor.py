@@ -19,6 +19,7 @@ import logging
 from typing import TYPE_CHECKING, Final
 
 from ..core.states import ClientState
+from ..net import pipeline
 from ..pooling.stats import stats_line
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
@@ -59,6 +60,10 @@ def sweep(pooler: Pooler) -> None:
             ):
                 pool.stats.count_error("query_wait_timeout")
                 pool.waiting[0].fail(PoolerError("query_wait_timeout"))
+            # Clients queued on a busy server's line whose turn has not come, past their
+            # deadline (net/pipeline.py: their guards keep the refusal true).
+            for server in [s for s in pool.active if s.chain]:
+                pipeline.refuse_overdue(pooler, server, now)
             # Clients at login waiting for the pool's first server wait for a server too.
             for client in list(pool.awaiting_params):
                 if now - client.state_since > cfg.query_wait_timeout:

@@ -180,6 +180,9 @@ def release(pooler: Pooler, client: ClientConnection, now: float = 0.0) -> None:
     stats.xact_histogram.observe(held)
     client.server = None
     server.link(None)
+    st = client.statements
+    if st is not None and st.guard is not None:
+        st.guard = None  # its line is over (net/pipeline.py)
     if server._reading_paused:
         server.resume_reading()
     if client.state is ClientState.CLOSED:  # it left while queued in a pipeline

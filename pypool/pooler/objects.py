@@ -477,10 +477,11 @@ class Pooler:
             if client in pool.awaiting_params:
                 pool.awaiting_params.remove(client)
         server = client.server
-        if server is not None and (server.chain or server.client is not client):
+        if server is not None and (server.chain or server.client is not client
+                                   or pipeline.skipped_in_line(client)):
             # In a pipeline: its requests are on the server, between others'. It keeps its
             # place until its replies have gone by (net/pipeline.py), unless a segment of it
-            # will never end.
+            # will never end. So does one refused by its guard: only a ReadyForQuery is left.
             if client.ledger.unsynced:
                 server.close("client disconnected with a query in progress")
         elif server is not None:

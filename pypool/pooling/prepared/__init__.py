@@ -13,12 +13,15 @@ docs/prepared-statements.md tells the same story for operators.
   cache.py          ServerCache: the per-server LRU of Statements, and distrusting it
   sql.py            SqlNames: SQL-level PREPARE / EXECUTE / DEALLOCATE / DISCARD, recognised
                     in a Query, and the names a server has prepared that way
+  guard.py          Guards: the query_wait_timeout guard sent before a pipelined client's
+                    transaction, and the pooler's statement it binds
   rewriter.py       ServerStatements: the rewriting of the client's messages for a server
 
 ServerStatements, the one class the glue holds per server, is built in layers, one a module:
-ServerStatements(SqlNames(ServerCache(RequestQueue))). A lower layer leaves what a settled
-request means to the ones above (`_settled`, `_command_tag`, `distrust`), and single
-inheritance keeps every attribute one field access away, compiled.
+ServerStatements(Guards(SqlNames(ServerCache(RequestQueue)))). A lower layer leaves what a
+settled request means to the ones above (`_settled`, `_command_tag`, `distrust`,
+`_guard_error`), and single inheritance keeps every attribute one field access away,
+compiled.
 
 Theory of operation
 -------------------
@@ -87,13 +90,14 @@ statement is closed (CloseComplete swallowed), unless it was used in the current
 (a portal made from it may still be open): then the cap is exceeded until the next link.
 """
 
+from .guard import GUARD_NAME, Guard
 from .registry import PREFIX, PROBE, ClientStatements, Registry, Statement, totals
 from .requests import FORWARD, OP_RENAME, READY, REPLACE, SWALLOW, WAIT, Wait
 from .rewriter import ServerStatements, driver_segment
 from .sql import SqlCommand, parse_sql_command
 
 __all__ = [
-    "FORWARD", "OP_RENAME", "PREFIX", "PROBE", "READY", "REPLACE", "SWALLOW", "WAIT",
-    "ClientStatements", "Registry", "ServerStatements", "SqlCommand", "Statement", "Wait",
-    "driver_segment", "parse_sql_command", "totals",
+    "FORWARD", "GUARD_NAME", "OP_RENAME", "PREFIX", "PROBE", "READY", "REPLACE", "SWALLOW",
+    "WAIT", "ClientStatements", "Guard", "Registry", "ServerStatements", "SqlCommand",
+    "Statement", "Wait", "driver_segment", "parse_sql_command", "totals",
 ]

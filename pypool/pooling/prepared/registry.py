@@ -10,7 +10,10 @@ to Statements, and its SQL-level PREPAREs. Nothing here touches a socket.
 from __future__ import annotations
 
 import re
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from .guard import Guard
 
 PREFIX: Final = b"PYPOOL_"
 # A name no server ever has (the registry counts from 1): what the pooler sends when it needs
@@ -110,13 +113,16 @@ class Registry:
 class ClientStatements:
     """One client's prepared statements, as the client names them."""
 
-    __slots__ = ("names", "sql", "registry", "cap")
+    __slots__ = ("names", "sql", "registry", "cap", "guard")
 
     def __init__(self, registry: Registry, cap: int) -> None:
         self.names: dict[bytes, Statement] = {}  # protocol-level: client name -> Statement
         self.sql: dict[bytes, bytes] = {}  # SQL-level: folded name -> its PREPARE query text
         self.registry = registry
         self.cap = cap  # max_client_prepared_statements; 0 means no cap
+        # The query_wait_timeout guard of its transaction while it is queued on a busy
+        # server's line (guard.py, net/pipeline.py); None once that server is released.
+        self.guard: Guard | None = None
 
     def __len__(self) -> int:
         return len(self.names) + len(self.sql)

@@ -23,6 +23,7 @@ from .requests import (
     FORWARD,
     NO_SUCH_STATEMENT,
     OP_FAIL,
+    OP_GUARD,
     OP_HIDDEN,
     OP_NAMED,
     OP_RENAME,
@@ -100,6 +101,11 @@ class RequestQueue:
 
     def distrust(self, why: str) -> None:
         """The server's statements cannot be trusted any more (cache.py)."""
+
+    def _guard_error(self, body: bytes, request: Request) -> int:
+        """An ErrorResponse for a request of the query_wait_timeout guard (guard.py):
+        SWALLOW for its deadline error, else FORWARD."""
+        return FORWARD
 
     # --- queueing -------------------------------------------------------------------------
 
@@ -193,12 +199,20 @@ class RequestQueue:
         assert wait != W_SYNTHETIC, "emit_synthetic() comes first while tracking == 2"
         if kind == m.ERROR_RESPONSE:  # the head failed, the server skips to the next Sync
             verdict = FORWARD
-            if head[R_OP] == OP_NAMED:
+            op = head[R_OP]
+            if op == OP_NAMED:
                 verdict = self._rename_error(body, head)
-            elif head[R_OP] == OP_FAIL:
+            elif op == OP_FAIL:
                 self.replacement = head[R_PAYLOAD]
                 verdict = REPLACE
+            elif op == OP_GUARD:
+                verdict = self._guard_error(body, head)
             self._skip_to_sync()
+            if op == OP_GUARD and verdict == SWALLOW:
+                # A pipelined client's deadline passed before its transaction began: the
+                # server skips it to its Sync. Told once the queue has settled the skip.
+                guard = head[R_PAYLOAD]
+                guard.on_verdict(guard)
             return verdict
         if COMPLETES[kind] == wait:
             queue.popleft()

@@ -43,6 +43,8 @@ OP_DISTRUST: Final = 11  # a Sync or Query that may change the server's statemen
 #                          done -> forget the server's cache (ServerStatements.distrust)
 OP_STALE: Final = 12  # the pooler's Close of a statement the server may have lost or kept,
 #                       before it is parsed again: failed -> still unsure
+OP_GUARD: Final = 13  # a request of the query_wait_timeout guard before a pipelined client's
+#                       transaction (guard.py): payload the Guard; its deadline error swallowed
 UNDOABLE: Final = frozenset((OP_PARSE, OP_PARSE_HIT, OP_INJECT, OP_EVICT, OP_CLOSE, OP_SQL,
                              OP_HIDDEN, OP_DISTRUST, OP_STALE))
 

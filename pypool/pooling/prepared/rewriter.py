@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Final
 
 from ...protocol import errors
 from ...protocol import messages as m
+from .guard import Guards
 from .registry import (
     PROBE,
     ClientStatements,
@@ -57,7 +58,7 @@ from .requests import (
     parse_message,
     shown,
 )
-from .sql import SQL_FIRST, SqlNames
+from .sql import SQL_FIRST
 
 if TYPE_CHECKING:
     from ..pool import PoolStats
@@ -103,7 +104,7 @@ def _ambiguous(renames: list[tuple[Statement, bytes]]) -> bool:
     return any(seen.setdefault(id(stmt), name) != name for stmt, name in renames)
 
 
-class ServerStatements(SqlNames):
+class ServerStatements(Guards):
     """One server's prepared statements and the requests outstanding on it."""
 
     def __init__(self, registry: Registry, cap: int, stats: PoolStats | None = None) -> None:
