@@ -29,7 +29,7 @@ from ..core.frontend import RequestReader
 from ..core.states import ClientEvent, ClientState, client_transition
 from ..pooling import prepared
 from ..pooling import session_state as ss
-from ..pooling.params import canonical_name, same_encoding
+from ..pooling.params import TRACKED, canonical_name, same_encoding
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
@@ -311,7 +311,9 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             if policy == "reject":
                 self.reader.reject = "transaction"
             elif policy == "follow":
-                self.session = ss.ClientSession()
+                extra = self.pooler.settings.pooler.track_extra_parameters
+                self.session = ss.ClientSession(frozenset(
+                    name.lower().encode() for name in (*TRACKED, *extra)))
         self.carry_on()
 
     # --- the hot path: client to server (framing, counting, rewriting: core/frontend.py) ---

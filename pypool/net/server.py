@@ -249,7 +249,8 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         sql = set_statements(wanted, self.params).encode()
         if session_sql:
             names.append(SESSION_SETTINGS)  # so the SET is judged even with no name above
-            sql = b"; ".join(part for part in (sql, session_sql) if part)
+            # The other client's settings undone and this one's made, then the tracked ones.
+            sql = b"; ".join([part for part in (session_sql, sql) if part])
         self.backend.parameters(names)
         self.send(m.message(m.QUERY, sql + b"\x00"))
 

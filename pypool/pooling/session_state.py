@@ -330,10 +330,26 @@ def _set(text: bytes, pos: int, words: list[bytes]) -> list[Command]:
         if words[i + 1 : i + 2] == [b"."] and len(words) > i + 2:
             name = name + b"." + _setting(words[i + 2])
     if not alone:
-        return [Command(UNTRACKABLE, name)]
+        return _set_list(text, pos, name)
     if i == 2:  # SET SESSION x: the same as SET x, replayed without the noise word
         statement = b"SET " + statement[statement.lower().index(b"session") + 7 :].lstrip()
     return [Command(SET, name, statement)]
+
+
+def _set_list(text: bytes, pos: int, name: bytes) -> list[Command]:
+    """`SET a = 1; SET b = 2`: each one recorded when every statement is a plain SET or
+    RESET of one setting (drivers send such lists at connect); else UNTRACKABLE."""
+    found: list[Command] = []
+    while pos < len(text) and len(found) < 32:
+        end = statement_end(text, pos)
+        one = classify(text[pos:end])
+        if len(one) != 1 or one[0].kind not in (SET, RESET):
+            return [Command(UNTRACKABLE, name)]
+        found.extend(one)
+        pos = skip_space(text, end + 1)
+        while pos < len(text) and text[pos] == 59:
+            pos = skip_space(text, pos + 1)
+    return found if pos >= len(text) else [Command(UNTRACKABLE, name)]
 
 
 def _calls(text: bytes, pos: int) -> list[Command]:
@@ -477,7 +493,10 @@ class ClientSession:
     statement is sent and never given back on a guess (a LISTEN in a transaction that failed
     keeps its client pinned until UNLISTEN, DISCARD ALL or the end): when unsure, pin."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracked: frozenset[bytes] = frozenset()) -> None:
+        # Settings that follow their client already, as reported parameters (lower case;
+        # pooling/params.py): never recorded here, or the undo would fight their SET.
+        self.tracked = tracked
         self.sets: dict[bytes, bytes] = {}
         self.pins: dict[int, int] = {}
         self.listening: set[bytes] = set()
@@ -504,6 +523,8 @@ class ClientSession:
         was = bool(self.pins)
         for command in commands:
             kind = command.kind
+            if (kind == SET or kind == RESET) and command.name in self.tracked:
+                continue
             if kind in PIN_REASONS:
                 self.pins[kind] = self.pins.get(kind, 0) + 1
             elif kind == ROLLBACK_TO:

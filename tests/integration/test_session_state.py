@@ -89,6 +89,19 @@ def test_set_follows_its_client_and_never_reaches_another(postgres, pooler) -> N
         assert one(a, "SHOW search_path") == default_path
 
 
+def test_a_list_of_sets_follows_and_tracked_parameters_keep_their_own(pooler) -> None:
+    p = pooler(ini_overrides={"default_pool_size": "1"})
+    with connect(p.dsn(), application_name="b_app") as b, connect(p.dsn()) as a:
+        a.execute("SET work_mem = '3MB'; SET application_name = 'a_app'; SET lock_timeout = 7")
+        for _ in range(2):
+            assert pid(a) == pid(b)
+            assert one(b, "SHOW application_name") == "b_app"
+            assert one(b, "SHOW lock_timeout") == "0"
+            assert (one(a, "SHOW work_mem"), one(a, "SHOW application_name"),
+                    one(a, "SHOW lock_timeout")) == ("3MB", "a_app", "7ms")
+        assert pinned_column(p) == ["", ""]
+
+
 def test_rolled_back_and_local_sets_are_not_kept(postgres, pooler) -> None:
     with direct(postgres) as plain:
         default = one(plain, "SHOW work_mem")

@@ -63,6 +63,10 @@ def kinds(sql: str) -> list[int]:
     ("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", []),
     ("SET CONSTRAINTS ALL DEFERRED", []),
     ("SET work_mem = 1; SELECT 1", [Command(ss.UNTRACKABLE, b"work_mem")]),
+    ("SET a.b = 1; RESET c ;; SET d = 'x;y';", [Command(ss.SET, b"a.b", b"SET a.b = 1"),
+                                                Command(ss.RESET, b"c"),
+                                                Command(ss.SET, b"d", b"SET d = 'x;y'")]),
+    ("SET a = 1; LISTEN x", [Command(ss.UNTRACKABLE, b"a")]),
     ("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
      [Command(ss.UNTRACKABLE, b"session characteristics")]),
     ("SELECT 1", []),
@@ -183,6 +187,14 @@ def test_a_client_record_follows_transactions() -> None:
     session.sent([Command(ss.DISCARD_ALL)], server)
     session.ready(ord("I"), 2, server)
     assert session.sets == {} and server == {}
+
+
+def test_tracked_parameters_are_left_to_their_own_machinery() -> None:
+    session = ss.ClientSession(frozenset({b"application_name"}))
+    server: dict[bytes, bytes | None] = {}
+    session.sent(classify(b"SET application_name = 'x'") + classify(b"SET a = 1"), server)
+    session.ready(ord("I"), 0, server)
+    assert session.sets == {b"a": b"SET a = 1"} and server == {b"a": b"SET a = 1"}
 
 
 def test_sync_statements() -> None:
