@@ -352,8 +352,9 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         a whole transaction that ends at its Sync (net/pipeline.py); send what the pooler
         answers itself when it is the client's turn."""
         ledger = self.ledger
+        session = self.session
         if (ledger.pending == 1 and not ledger.unsynced and st.last_neutral is not False
-                and (self.session is None or not self.session.busy())):
+                and (session is None or not (session.pins or session.pending))):
             self.pooler.pipeline(server)
         if st.tracking == 2 and server.client is self and server.at_message_boundary():
             self.write(st.emit_synthetic())
@@ -491,7 +492,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                 server.close("reply bookkeeping in doubt after a failed COPY")
             return
         session = self.session
-        if session is not None and server is not None:
+        if session is not None and server is not None and (
+                session.pending or session.pins or self.ledger.errors != session.errors_seen):
             session.ready(status, self.ledger.errors, server.session_sets)
             if verdict == backend.RELEASE and session.pins:
                 verdict = backend.SESSION_XACT  # pinned: keeps its server, as in session mode
