@@ -169,14 +169,12 @@ class RequestReader:
                 end = pos + size
                 if end > n:
                     break  # read whole: its text may change session state
-                text_at = pos + 5 if kind == _QUERY else data.find(0, pos + 5, end) + 1
-                text_end = data.find(0, text_at, end) if text_at else -1
-                if text_end > 0 and ss.candidate(data, text_at):  # (malformed: the server says)
-                    found = ss.classify(data[text_at:text_end])
+                found = ss.look(kind, data, pos, end)
+                if found:
                     refused = next((c for c in found if c.kind in ss.CREATES), None)
                     if refused is not None and self.reject:
                         # Failed in its place by PostgreSQL: the statement itself never runs.
-                        new = ss.refused_message(kind, data, pos, end, text_at,
+                        new = ss.refused_message(kind, data, pos, end,
                                                  ss.refusal(refused, self.reject))
                         data = data[:pos] + new + data[end:]
                         n, size, found = len(data), len(new), None

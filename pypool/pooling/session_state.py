@@ -76,20 +76,60 @@ def _table(chars: bytes) -> tuple[bool, ...]:
 # First bytes that can start a statement worth reading: the keywords' initials, whitespace,
 # a comment, a parenthesis.
 _FIRST: Final = _table(b"SsRrDdLlUuCcAa \t\r\n-/(")
-# The first two letters of those keywords, lower case.
-_TWO: Final = frozenset({b"se", b"re", b"di", b"li", b"lo", b"un", b"cr", b"de", b"cl", b"ro",
-                         b"ab"})
+# The first three letters of those keywords, lower case, as ints (a << 16 | b << 8 | c):
+# DELETE, RELEASE, LOCK, CLUSTER, ... stop here, and no bytes object is made.
+_THREE: Final = frozenset(
+    (word[0] << 16) | (word[1] << 8) | word[2]
+    for word in (b"set", b"sel", b"res", b"dis", b"lis", b"loa", b"unl", b"cre", b"dec",
+                 b"clo", b"rol", b"abo")
+)
+_SELECT: Final = (ord("s") << 16) | (ord("e") << 8) | ord("l")
 _LETTER: Final = _table(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+NO: Final = 0
+READ: Final = 1  # classify it
+CALLS: Final = 2  # a SELECT: only its calls matter
+
+
+def _first_look(data: bytes, start: int, end: int) -> int:
+    """NO, READ or CALLS for the statement text data[start:end]."""
+    if start >= end or not _FIRST[data[start]]:
+        return NO
+    if not _LETTER[data[start]]:
+        return READ  # whitespace, a comment, a parenthesis: read on
+    if end - start < 3:
+        return NO
+    three = ((data[start] | 32) << 16) | ((data[start + 1] | 32) << 8) | (data[start + 2] | 32)
+    if three not in _THREE:
+        return NO
+    return CALLS if three == _SELECT else READ
+
+
+def look(kind: int, data: bytes, pos: int, end: int) -> list[Command] | None:
+    """The hot path: what the simple Query (kind 'Q') or Parse at data[pos:end] changes, or
+    None for a statement that cannot change session state (nearly all), decided without
+    making a bytes object: a table lookup of the text's first byte, then a set lookup of
+    its first three letters; a SELECT then costs a few `find`s for the function names."""
+    if kind == 81:  # Query: the text, then its NUL
+        text_at = pos + 5
+        text_end = end - 1
+    else:  # Parse: the statement name, then the text
+        text_at = data.find(0, pos + 5, end) + 1
+        text_end = data.find(0, text_at, end) if text_at else -1
+    verdict = _first_look(data, text_at, text_end)
+    if verdict == NO:
+        return None
+    if verdict == CALLS and (data.find(b"advisory", text_at, text_end) < 0
+                             and data.find(b"set_config", text_at, text_end) < 0
+                             and data.find(b"ADVISORY", text_at, text_end) < 0
+                             and data.find(b"SET_CONFIG", text_at, text_end) < 0):
+        return None
+    return classify(data[text_at:text_end])
 
 
 def candidate(data: bytes, pos: int) -> bool:
     """Whether the text starting at data[pos] may change session state (the cheap check: a
     statement that fails it is not one)."""
-    if pos >= len(data) or not _FIRST[data[pos]]:
-        return False
-    if not _LETTER[data[pos]]:
-        return True  # whitespace, a comment, a parenthesis: read on
-    return data[pos : pos + 2].lower() in _TWO
+    return _first_look(data, pos, len(data)) != NO
 
 
 # --- the tokenizer ---------------------------------------------------------------------------
@@ -431,7 +471,8 @@ def sync_statements(server: dict[bytes, bytes | None], client: dict[bytes, bytes
         parts.extend(client.values())
     else:
         parts.extend(made for name, made in client.items() if server.get(name) != made)
-    return b"; ".join(parts)
+    # A newline after each: a replayed statement's trailing `--` comment ends with it.
+    return b";\n".join(parts)
 
 
 # --- reject ----------------------------------------------------------------------------------
@@ -470,9 +511,9 @@ def refusal(command: Command, pool_mode: str) -> bytes:
             + b", ERRCODE = '0A000'; END$pypool$")
 
 
-def refused_message(kind: int, data: bytes, pos: int, end: int, text_at: int,
-                    sql: bytes) -> bytes:
-    """The Query or Parse at data[pos:end] (its text at `text_at`) with `sql` for its text."""
+def refused_message(kind: int, data: bytes, pos: int, end: int, sql: bytes) -> bytes:
+    """The Query or Parse at data[pos:end] with `sql` for its text."""
+    text_at = pos + 5 if kind == 81 else data.index(0, pos + 5, end) + 1
     text_end = data.index(0, text_at, end)
     body = data[pos + 5 : text_at] + sql + data[text_end:end]
     return bytes((kind,)) + (len(body) + 4).to_bytes(4, "big") + body

@@ -85,6 +85,24 @@ def test_classify(sql: str, expected: list[Command]) -> None:
     assert classify(sql.encode()) == expected
 
 
+@pytest.mark.parametrize(("sql", "found"), [
+    ("SELECT abalance FROM pgbench_accounts WHERE aid = 1", None),
+    ("SELECT pg_advisory_lock(1)", [Command(ss.LOCK)]),
+    ("SELECT PG_ADVISORY_LOCK(1)", [Command(ss.LOCK)]),
+    ("SELECT 'advisory'", []),
+    ("DELETE FROM t", None),
+    ("LISTEN c", [Command(ss.LISTEN, b"c")]),
+    ("", None),
+])
+def test_look_at_a_query_and_a_parse(sql: str, found: list[Command] | None) -> None:
+    text = sql.encode() + b"\x00"
+    query = b"Q" + (len(text) + 4).to_bytes(4, "big") + text
+    assert ss.look(ord("Q"), query, 0, len(query)) == found
+    body = b"name\x00" + text + b"\x00\x00"
+    parse = b"P" + (len(body) + 4).to_bytes(4, "big") + body
+    assert ss.look(ord("P"), parse, 0, len(parse)) == found
+
+
 def test_set_with_quoted_semicolon_is_one_statement() -> None:
     found = classify(b"SET search_path = 'a;b' ;  ")
     assert found == [Command(ss.SET, b"search_path", b"SET search_path = 'a;b'")]
@@ -93,6 +111,8 @@ def test_set_with_quoted_semicolon_is_one_statement() -> None:
 
 
 @pytest.mark.parametrize("sql", ["UPDATE t SET a = 1", "INSERT INTO t VALUES (1)", "BEGIN",
+                                 "DELETE FROM t", "RELEASE SAVEPOINT s", "LOCK TABLE t",
+                                 "CLUSTER t", "COMMIT", "SE",
                                  "END", "WITH x AS (SELECT 1) SELECT 2", "VALUES (1)",
                                  "TABLE t", "EXECUTE p", "FETCH c"])
 def test_hot_path_skips_other_statements(sql: str) -> None:
@@ -202,7 +222,7 @@ def test_sync_statements() -> None:
     assert ss.sync_statements({}, {}) == b""
     assert ss.sync_statements(dict(client), client) == b""
     assert ss.sync_statements({b"search_path": None, ss.ROLE: b"SET ROLE q"}, client) == (
-        b"RESET search_path; SET work_mem = 1; SET ROLE r")
+        b"RESET search_path;\nSET work_mem = 1;\nSET ROLE r")
     assert ss.sync_statements({b"x": b"SET x = 1", ss.ROLE: b"SET ROLE q"}, {}) == (
-        b"RESET ROLE; RESET x")
+        b"RESET ROLE;\nRESET x")
     assert ss.undo(b"Odd Name") == b'RESET "Odd Name"'
