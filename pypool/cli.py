@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from . import __version__
+from .net.tls import Tls
 from .settings import Settings, SettingsError, from_url, load_ini, worker_share
 
 if TYPE_CHECKING:
     from .net.client import ClientConnection
+    from .net.hooks import TransactionLog
     from .net.unix_socket import UnixSocket
     from .pooler import Pooler
 
@@ -91,8 +93,14 @@ def build_pooler(settings: Settings) -> Pooler:
 
         return await metrics.serve_metrics(view, addrs, port)
 
+    def open_txlog(path: str) -> TransactionLog:
+        from .observe.txlog import TxLog
+
+        return TxLog(path, pooler.now)
+
     pooler.open_console = open_console
     pooler.serve_metrics = serve_metrics
+    pooler.open_txlog = open_txlog
     return pooler
 
 
@@ -205,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                                                         unix_socket_dir=embedded.basedir))
         if args.port:
             settings = replace(settings, pooler=replace(settings.pooler, listen_port=args.port))
+        Tls(settings.pooler)  # TLS that cannot be set up stops the pooler here, not later
     except SettingsError as exc:
         print(f"pypool: {exc}", file=sys.stderr)
         return 2

@@ -150,6 +150,14 @@ class PoolerCollector(Collector):
             maxwait.add_metric([row["database"], row["user"]],
                                row["maxwait"] + row["maxwait_us"] / 1e6)
         yield maxwait
+        lines = view.transaction_log_lines()
+        if lines is not None:
+            txlog_lines = CounterMetricFamily(
+                "pypool_transaction_log_lines", "Lines of the transaction_log: written, or "
+                "dropped because the writer fell behind", labels=["result"])
+            txlog_lines.add_metric(["written"], lines[0])
+            txlog_lines.add_metric(["dropped"], lines[1])
+            yield txlog_lines
 
         stats = list(_columns(show.show_stats(view)))
         for column, (name, scale, text) in STATS_COUNTERS.items():
@@ -256,6 +264,13 @@ class PoolerCollector(Collector):
             xact.add_metric(labels, list(pool.xact_buckets), pool.counters["xact_time_us"] / 1e6)
         yield wait
         yield xact
+
+        handshakes = CounterMetricFamily(
+            "pypool_tls_handshakes", "TLS handshakes with clients and servers, by outcome",
+            labels=["side", "outcome"])
+        for (side, outcome), count in sorted(self.view.tls_handshakes().items()):
+            handshakes.add_metric([side, outcome], count)
+        yield handshakes
 
 
 def registry_for(view: PoolerView) -> CollectorRegistry:

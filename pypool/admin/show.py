@@ -184,14 +184,14 @@ _CLIENT_COLUMNS = _SOCKET_COLUMNS + " pinned"
 def _client_row(c: ClientInfo) -> tuple[Any, ...]:
     return ("C", c.user, c.database, "none", c.state, c.addr, c.port, c.local_addr,
             c.local_port, c.connect_time, c.request_time, c.wait_us // 1_000_000,
-            c.wait_us % 1_000_000, 0, c.ptr, c.link, 0, "", c.application_name,
+            c.wait_us % 1_000_000, 0, c.ptr, c.link, 0, c.tls, c.application_name,
             c.prepared_statements, c.id, c.pinned)
 
 
 def _server_row(s: ServerInfo) -> tuple[Any, ...]:
     return ("S", s.user, s.database, "none", s.state, s.addr, s.port, s.local_addr,
             s.local_port, s.connect_time, s.request_time, 0, 0, int(s.close_needed), s.ptr,
-            s.link, s.remote_pid, "", s.application_name, s.prepared_statements, s.id)
+            s.link, s.remote_pid, s.tls, s.application_name, s.prepared_statements, s.id)
 
 
 def show_clients(view: PoolerView) -> ResultSet:
@@ -304,9 +304,13 @@ def show_lists(view: PoolerView) -> ResultSet:
 
 def show_state(view: PoolerView) -> ResultSet:
     paused = view.paused_all
-    return result("ss", "key value", [("active", "no" if paused else "yes"),
-                                      ("paused", "yes" if paused else "no"),
-                                      ("suspended", "no")])
+    rows = [("active", "no" if paused else "yes"), ("paused", "yes" if paused else "no"),
+            ("suspended", "no")]
+    lines = view.transaction_log_lines()
+    if lines is not None:  # pypool's own: transaction_log set (docs/research.md)
+        rows += [("transaction_log_written", str(lines[0])),
+                 ("transaction_log_dropped", str(lines[1]))]
+    return result("ss", "key value", rows)
 
 
 def show_version(view: PoolerView) -> ResultSet:

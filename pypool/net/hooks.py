@@ -4,7 +4,8 @@ The admin console and the metrics endpoint sit above net/: they read the pooler 
 read-only view (observe/) and drive it through its own methods. So that net/ never imports
 them, the pooler reaches them only through two hooks that cli.py's `build_pooler` sets once
 at start-up, and a console client holds its session as a `ConsoleSession`. A pooler built
-without them (a unit test) has no console and no metrics endpoint.
+without them (a unit test) has no console and no metrics endpoint. The transaction log
+(observe/txlog.py) is plugged in the same way (`OpenTransactionLog`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .client import ClientConnection
+    from .server import ServerConnection
 
 
 class ConsoleSession(Protocol):
@@ -28,3 +30,31 @@ class ConsoleSession(Protocol):
 OpenConsole = Callable[["ClientConnection"], None]
 # At start, with metrics_port set: listen on (addresses, port), return the listeners.
 ServeMetrics = Callable[[str, int], Awaitable[list[asyncio.AbstractServer]]]
+
+
+class ServerTap(Protocol):
+    """The transaction log's reader of one server's replies (observe/txlog.py)."""
+
+    def feed(self, data: bytes) -> None: ...
+
+
+class TransactionLog(Protocol):
+    """The transaction log (observe/txlog.py), as the pooler feeds it. None when off."""
+
+    queue_policy: str
+    server_policy: str
+    dropped: int
+    written: int
+
+    def client_data(self, client: ClientConnection, n: int) -> None: ...
+    def tap(self, server: ServerConnection) -> ServerTap: ...
+    def released(self, client: ClientConnection, server: ServerConnection,
+                 now: float) -> None: ...
+    def client_closed(self, client: ClientConnection, reason: str) -> None: ...
+    def refused(self, client: ClientConnection, sqlstate: str) -> None: ...
+    def reopen(self) -> None: ...
+    def close(self) -> None: ...
+
+
+# With transaction_log set (at start or on reload): open the log at that path.
+OpenTransactionLog = Callable[[str], TransactionLog]

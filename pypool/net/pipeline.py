@@ -123,14 +123,15 @@ def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
                 server.open_line = True
                 pool.open_lines.append(server)
             break
+        # The head of the queue, whatever the queue policy: a line is filled in arrival order.
         client = pool.waiting[0]
         if client.state is not ClientState.WAITING:
-            pool.dequeue()
+            pool.waiting.popleft()
             continue
         if not can_follow(server, client) or (
                 wait_timeout and now >= client.wait_start + wait_timeout):
             break  # past its deadline: the janitor refuses it, or a free server takes it
-        pool.dequeue()
+        pool.waiting.popleft()
         out.append(follow(server, client))
     data = b"".join(out)
     if data:

@@ -80,6 +80,8 @@ class ClientSide(Protocol):
     @property
     def statements(self) -> object | None: ...
     @property
+    def tls_info(self) -> str: ...
+    @property
     def session(self) -> ClientSession | None: ...
 
 
@@ -114,6 +116,9 @@ class PoolerState(Protocol):
     def auth_query_secrets(self) -> Mapping[str, str]: ...
     @property
     def stats_periods(self) -> st.StatsPeriods: ...
+    @property
+    def tls(self) -> Any: ...  # net/tls.Tls: its `handshakes` counts
+    # Also read, when present: `txlog`, observe/txlog.py's TxLog or None (off).
 
 
 def is_closed(connection: Any) -> bool:
@@ -163,6 +168,7 @@ class ClientInfo:
     link: str  # ptr of the server it holds, "" when none
     application_name: str
     prepared_statements: int
+    tls: str = ""  # PgBouncer's `tls` column: TLSv1.3/TLS_AES_256_GCM_SHA384, "" plaintext
     pinned: str = ""  # why it keeps its server after its transactions (session_state.py)
 
 
@@ -186,6 +192,7 @@ class ServerInfo:
     remote_pid: int
     application_name: str
     prepared_statements: int
+    tls: str = ""
 
 
 @dataclass(frozen=True)
@@ -244,9 +251,19 @@ class PoolerView:
 
     # --- settings and switches ------------------------------------------------------------
 
+    def transaction_log_lines(self) -> tuple[int, int] | None:
+        """Lines the transaction log has written and dropped; None when it is off."""
+        txlog = getattr(self._pooler, "txlog", None)  # a test's stand-in may have none
+        return None if txlog is None else (int(txlog.written), int(txlog.dropped))
+
     @property
     def settings(self) -> Settings:
         return self._pooler.settings
+
+    def tls_handshakes(self) -> dict[tuple[str, str], int]:
+        """TLS handshakes since start by (side, outcome): ("client" or "server", "ok" or
+        "failed")."""
+        return dict(self._pooler.tls.handshakes)
 
     @property
     def paused_all(self) -> bool:
@@ -398,7 +415,7 @@ def _client(client: ClientSide, database: str, now: float, wall: float) -> Clien
         connect_time=client.connect_time + wall, request_time=client.state_since + wall,
         wait_us=wait_us, ptr=_ptr(client), link=_ptr(client.server),
         application_name=client.params.get("application_name", ""),
-        prepared_statements=_prepared_count(client),
+        prepared_statements=_prepared_count(client), tls=client.tls_info,
         pinned=client.session.pinned() if client.session is not None else "",
     )
 
@@ -419,7 +436,7 @@ def _servers(pool: Pool, wall: float) -> list[ServerInfo]:
                 close_needed=server in pool.close_needed, ptr=_ptr(server),
                 link=_ptr(server.client), remote_pid=server.backend_pid,
                 application_name=server.params.get("application_name", ""),
-                prepared_statements=_prepared_count(server),
+                prepared_statements=_prepared_count(server), tls=server.tls_info,
             ))
     return found
 

@@ -28,7 +28,7 @@ from ..net.unix_socket import open_unix_socket
 from ..protocol import errors
 from ..protocol.errors import PoolerError
 from ..settings import RESTART_ONLY_KEYS, SettingsError, load_ini, worker_share
-from . import janitor, linking
+from . import janitor, linking, research
 
 if TYPE_CHECKING:
     from ..pooling.pool import Pool
@@ -40,6 +40,7 @@ log = logging.getLogger("pypool")
 
 async def start(pooler: Pooler) -> None:
     cfg = pooler.settings.pooler
+    research.apply(pooler, None)  # the transaction log, before any client
     if cfg.unix_socket_dir:
         # First, as PgBouncer checks: a pooler already serving this port's socket stops us
         # before anything is bound. With workers = N the parent has claimed it and each
@@ -130,6 +131,13 @@ def apply_settings(pooler: Pooler, new: Settings) -> None:
         new = dataclasses.replace(new, pooler=dataclasses.replace(new.pooler, **kept))
     pooler.use_settings(new)
     pooler.load_auth()
+    if pooler.tls.reload(new.pooler):
+        # New servers get the new TLS settings; old ones must not keep weaker ones. A login
+        # failure cached under the old settings says nothing about the new ones.
+        for pool in list(pooler.pools.values()):
+            pool.login_error = None
+            tag_dirty(pooler, pool, "obsolete connection (server TLS configuration changed)")
+    research.apply(pooler, old.pooler)  # policies; the transaction log reopened (rotation)
     for pool in list(pooler.pools.values()):
         entry = new.database(pool.database)
         old_entry = old.database(pool.database) or pooler.retired.get(pool.database)
@@ -204,6 +212,7 @@ def exit_now(pooler: Pooler) -> None:
             os.unlink(pidfile)
         except OSError:
             pass
+    research.close(pooler)  # after the clients: their last lines are in
     if not pooler.stopped.done():
         pooler.stopped.set_result(None)
 

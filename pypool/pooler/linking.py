@@ -56,6 +56,8 @@ def request_server(pooler: Pooler, client: ClientConnection) -> None:
             return
     failing = pooler.login_failing(pool)
     if failing is not None:
+        if pooler.txlog is not None:
+            pooler.txlog.refused(client, failing.sqlstate)
         client.fail(failing)
         return
     client.on(ClientEvent.QUEUED)
@@ -178,6 +180,8 @@ def release(pooler: Pooler, client: ClientConnection, now: float = 0.0) -> None:
     held = now - client.link_time
     stats.xact_time_us += int(held * 1e6)
     stats.xact_histogram.observe(held)
+    if pooler.txlog is not None:
+        pooler.txlog.released(client, server, now)
     client.server = None
     server.link(None)
     st = client.statements

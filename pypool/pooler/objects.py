@@ -36,8 +36,9 @@ from ..auth.scram import ScramVerifier, is_scram_verifier
 from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
 from ..net import pipeline
 from ..net.client import ClientConnection
-from ..net.hooks import OpenConsole, ServeMetrics
+from ..net.hooks import OpenConsole, OpenTransactionLog, ServeMetrics, TransactionLog
 from ..net.server import ServerConnection, ServerLoginError
+from ..net.tls import Tls
 from ..net.unix_socket import UnixSocket
 from ..pooling import session_state as ss
 from ..pooling.pool import Pool, PoolLimits
@@ -47,7 +48,7 @@ from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..settings import DatabaseEntry, Settings
-from . import cancel, lifecycle, linking
+from . import cancel, lifecycle, linking, research
 
 log = logging.getLogger("pypool")
 
@@ -116,6 +117,13 @@ class Pooler:
         # net/ never imports them. None: no console, no metrics (net/hooks.py).
         self.open_console: OpenConsole | None = None
         self.serve_metrics: ServeMetrics | None = None
+        # The TLS contexts in force (net/tls.py), rebuilt by apply_settings.
+        self.tls = Tls(settings.pooler)
+        # Research (pooler/research.py): the pools' policies, and the transaction log, opened
+        # through the hook cli.py sets (None: off).
+        self.policy_factories: research.Factories = research.factories(settings.pooler)
+        self.open_txlog: OpenTransactionLog | None = None
+        self.txlog: TransactionLog | None = None
         self.load_auth()
 
     def load_auth(self) -> None:
@@ -164,7 +172,9 @@ class Pooler:
         key = (database, user)
         pool = self.pools.get(key)
         if pool is None:
-            pool = Pool(database, user, self.limits_for(entry, user))
+            queue_policy, server_policy = research.new_policies(self)
+            pool = Pool(database, user, self.limits_for(entry, user), queue_policy,
+                        server_policy)
             pool.paused = self.paused_all or database in self.paused_dbs
             pool.disabled = database in self.disabled_dbs
             self.pools[key] = pool
@@ -466,6 +476,8 @@ class Pooler:
     def client_closed(self, client: ClientConnection, reason: str) -> None:
         if client.state is ClientState.CLOSED:
             return
+        if self.txlog is not None:
+            self.txlog.client_closed(client, reason)  # mid-transaction, or while waiting
         client.on(ClientEvent.CLOSED)
         self.clients.discard(client)
         self.login_clients.discard(client)

@@ -6,9 +6,12 @@ others can age out through server_idle_timeout), `active` (linked to a client), 
 `being_canceled` (free, but a CancelRequest aimed at its last client's query is still on its
 way: handed to anyone now, the cancel could hit their query; PgBouncer's
 sv_being_canceled). Clients that need a server and find none idle wait in `waiting`, served
-first-in first-out. The pool never opens sockets itself: `servers_wanted` tells the asyncio
-layer how many to open, within pool_size (plus reserve_pool_size once a client has waited
-reserve_pool_timeout) and the database-wide and user-wide caps.
+first-in first-out. Both orders are the defaults of swappable policies (pooling/policies.py):
+`queue_policy` and `server_policy` choose from `waiting` (kept in arrival order) and `idle`
+(kept in release order); None, the default, pops inline with no call. The pool never opens
+sockets itself: `servers_wanted` tells the asyncio layer how many to open, within pool_size
+(plus reserve_pool_size once a client has waited reserve_pool_timeout) and the database-wide
+and user-wide caps.
 """
 
 from __future__ import annotations
@@ -76,10 +79,14 @@ class PoolStats:
 class Pool:
     """Servers and waiting clients of one (database, user). Servers and clients are opaque."""
 
-    def __init__(self, database: str, user: str, limits: PoolLimits) -> None:
+    def __init__(self, database: str, user: str, limits: PoolLimits,
+                 queue_policy: Any = None, server_policy: Any = None) -> None:
         self.database = database
         self.user = user
         self.limits = limits
+        # pooling/policies.py's QueuePolicy and ServerPolicy; None: fifo and lifo, inline.
+        self.queue_policy: Any = queue_policy
+        self.server_policy: Any = server_policy
         self.idle: list[Any] = []
         self.active: set[Any] = set()
         self.login: set[Any] = set()
@@ -107,10 +114,12 @@ class Pool:
         return len(self.idle) + len(self.active) + len(self.login) + len(self.being_canceled)
 
     def take_idle(self) -> Any | None:
-        """The most recently released idle server, moved to active; None if there is none."""
+        """The most recently released idle server (or the server policy's choice), moved to
+        active; None if there is none."""
         if not self.idle:
             return None
-        server = self.idle.pop()
+        policy = self.server_policy
+        server = self.idle.pop() if policy is None else policy.take(self.idle)
         self.active.add(server)
         return server
 
@@ -141,7 +150,11 @@ class Pool:
         self.waiting.append(client)
 
     def dequeue(self) -> Any | None:
-        return self.waiting.popleft() if self.waiting else None
+        """The oldest waiting client (or the queue policy's choice); None if none waits."""
+        if not self.waiting:
+            return None
+        policy = self.queue_policy
+        return self.waiting.popleft() if policy is None else policy.take(self.waiting)
 
     def unqueue(self, client: Any) -> None:
         try:
