@@ -102,6 +102,22 @@ def test_a_list_of_sets_follows_and_tracked_parameters_keep_their_own(pooler) ->
         assert pinned_column(p) == ["", ""]
 
 
+def test_settings_are_made_only_where_the_server_differs(pooler) -> None:
+    metrics = free_port()
+    p = pooler(ini_overrides={"default_pool_size": "1", "metrics_port": str(metrics)})
+    with connect(p.dsn()) as a, connect(p.dsn()) as b:
+        a.execute("SET work_mem = '3MB'")
+        for _ in range(5):  # alone on its server: nothing to make or undo
+            assert one(a, "SHOW work_mem") == "3MB"
+        assert metric(metrics, "session_synced_links") == 0
+        one(b, "SELECT 1")  # b's link undoes a's setting
+        assert one(a, "SHOW work_mem") == "3MB"  # a's link makes it again
+        assert metric(metrics, "session_synced_links") == 2
+        for _ in range(3):
+            one(b, "SELECT 1")  # the server holds nobody's settings: nothing sent
+        assert metric(metrics, "session_synced_links") == 3  # only the first undid a's
+
+
 def test_rolled_back_and_local_sets_are_not_kept(postgres, pooler) -> None:
     with direct(postgres) as plain:
         default = one(plain, "SHOW work_mem")
