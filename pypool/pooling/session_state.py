@@ -118,10 +118,13 @@ def look(kind: int, data: bytes, pos: int, end: int) -> list[Command] | None:
     verdict = _first_look(data, text_at, text_end)
     if verdict == NO:
         return None
-    if verdict == CALLS and (data.find(b"advisory", text_at, text_end) < 0
-                             and data.find(b"set_config", text_at, text_end) < 0
-                             and data.find(b"ADVISORY", text_at, text_end) < 0
-                             and data.find(b"SET_CONFIG", text_at, text_end) < 0):
+    # A SELECT matters only if it calls a function: no parenthesis, no call (one `find`
+    # settles pgbench's and most ORMs' point lookups).
+    if verdict == CALLS and (data.find(b"(", text_at, text_end) < 0
+                             or (data.find(b"advisory", text_at, text_end) < 0
+                                 and data.find(b"set_config", text_at, text_end) < 0
+                                 and data.find(b"ADVISORY", text_at, text_end) < 0
+                                 and data.find(b"SET_CONFIG", text_at, text_end) < 0)):
         return None
     return classify(data[text_at:text_end])
 

@@ -89,7 +89,9 @@ def test_classify(sql: str, expected: list[Command]) -> None:
     ("SELECT abalance FROM pgbench_accounts WHERE aid = 1", None),
     ("SELECT pg_advisory_lock(1)", [Command(ss.LOCK)]),
     ("SELECT PG_ADVISORY_LOCK(1)", [Command(ss.LOCK)]),
-    ("SELECT 'advisory'", []),
+    ("SELECT 'advisory'", None),  # no call: not even read
+    ("SELECT 'advisory', f(1)", []),  # read, and nothing found
+    ("SELECT a FROM t WHERE b IN (1, 2)", None),
     ("DELETE FROM t", None),
     ("LISTEN c", [Command(ss.LISTEN, b"c")]),
     ("", None),
