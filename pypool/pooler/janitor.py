@@ -25,6 +25,7 @@ from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 
 if TYPE_CHECKING:
+    from ..net.client import ClientConnection
     from ..pooling.pool import Pool
     from .objects import Pooler
 
@@ -81,9 +82,12 @@ def sweep(pooler: Pooler) -> None:
         xact_timeout = (user_entry and user_entry.transaction_timeout) or (
             cfg.transaction_timeout)
         for server in list(pool.active):
-            client = server.client
-            if client is None:
+            # Its own name and type: compiled, a name keeps the type of its first use (the
+            # login loop's ClientConnection), and an active server may have no client.
+            linked: ClientConnection | None = server.client
+            if linked is None:
                 continue
+            client = linked
             if not client.ledger.idle():
                 if cfg.query_timeout and now - client.query_start > cfg.query_timeout:
                     server.close("query timeout")

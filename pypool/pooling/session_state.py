@@ -139,6 +139,7 @@ def candidate(data: bytes, pos: int) -> bool:
 
 _SPACE: Final = _table(b" \t\r\n\f\v")
 _WORD: Final = re.compile(rb"[A-Za-z_\x80-\xff][A-Za-z0-9_$\x80-\xff]*")
+_ON_COMMIT_DROP: Final = re.compile(rb"\bon\s+commit\s+drop\b", re.IGNORECASE)
 _DOLLAR_TAG: Final = re.compile(rb"\$(?:[A-Za-z_\x80-\xff][A-Za-z0-9_\x80-\xff]*)?\$")
 
 
@@ -323,7 +324,9 @@ def classify(text: bytes, start: int = 0) -> list[Command]:
         if rest[:1] in ([b"global"], [b"local"]):
             rest = rest[1:]
         if rest[:1] in ([b"temp"], [b"temporary"]):
-            return [Command(TEMP_TABLE)]
+            # ON COMMIT DROP: gone when its transaction ends, so nothing to keep a server for.
+            statement, _ = single(text, pos)
+            return [] if _ON_COMMIT_DROP.search(statement) else [Command(TEMP_TABLE)]
         if rest[:1] == [b"unlogged"]:
             rest = rest[1:]
         if rest[:1] == [b"table"] and len(rest) > 1:

@@ -39,6 +39,10 @@ def kinds(sql: str) -> list[int]:
     ("UNLISTEN *", [Command(ss.UNLISTEN_ALL)]),
     ("CREATE TEMP TABLE t (a int)", [Command(ss.TEMP_TABLE)]),
     ("create local temporary table t (a int)", [Command(ss.TEMP_TABLE)]),
+    # Dropped when its transaction ends: nothing outlives it.
+    ("CREATE TEMP TABLE t (x int, y text) ON COMMIT DROP", []),
+    ("create temp table t (x int) on  commit\n drop", []),
+    ("CREATE TEMP TABLE t (x int) ON COMMIT DELETE ROWS", [Command(ss.TEMP_TABLE)]),
     ("CREATE TABLE pg_temp.t (a int)", [Command(ss.TEMP_TABLE)]),
     ("CREATE TABLE IF NOT EXISTS pg_temp.t (a int)", [Command(ss.TEMP_TABLE)]),
     ("CREATE TABLE t (a int)", []),
