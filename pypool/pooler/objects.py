@@ -321,7 +321,7 @@ class Pooler:
         waiting_for_params, pool.awaiting_params = pool.awaiting_params, []
         for client in waiting_for_params:
             if client.state is ClientState.WELCOME:
-                client.welcome(pool.server_params)
+                client.login.welcome(pool.server_params)
         entry = self.settings.database(pool.database) or self.retired.get(pool.database)
         if entry is not None and entry.connect_query:
             # Before any client: its replies are hidden, the first client's requests follow.
@@ -385,7 +385,7 @@ class Pooler:
             client.own_user = True
             if cfg.log_connections:
                 log.info("%r: pgbouncer access from unix socket", client)
-            client.start_auth(None, "trust")
+            client.login.start_auth(None, "trust")
             return
         secret = self.auth_secrets.get(client.user)
         if secret is None and client.database not in ADMIN_DATABASES and cfg.auth_type not in (
@@ -396,7 +396,7 @@ class Pooler:
             if entry is not None and auth_user:
                 self.spawn(self._auth_query(client, entry, auth_user))
                 return
-        client.start_auth(secret, cfg.auth_type)
+        client.login.start_auth(secret, cfg.auth_type)
 
     async def _auth_query(self, client: ClientConnection, entry: DatabaseEntry,
                           auth_user: str) -> None:
@@ -415,7 +415,7 @@ class Pooler:
             self.auth_query_secrets[client.user] = secret
         if client.state is ClientState.STARTUP:
             try:
-                client.start_auth(secret, self.settings.pooler.auth_type)
+                client.login.start_auth(secret, self.settings.pooler.auth_type)
             except PoolerError as exc:
                 client.fail(exc)
 
@@ -453,7 +453,7 @@ class Pooler:
         if failing is not None:
             raise failing
         if pool.server_params is not None:
-            client.welcome(pool.server_params)
+            client.login.welcome(pool.server_params)
             return
         pool.awaiting_params.append(client)
         self.launch_servers(pool)
