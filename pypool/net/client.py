@@ -3,39 +3,34 @@
 States: STARTUP, AUTH, WELCOME, IDLE, WAITING, ACTIVE, CLOSED, changed only through the
 (state, event) table in core/states.py, which says what each means.
 
-The login is core/client_login.py's exchanges (the startup packet, then the password). After
-it, every byte the client sends goes to the request reader (core/frontend.py), which frames
-it, counts it in the client's FrontendLedger (core/ledger.py) and rewrites it for prepared
-statements; this Protocol sends what the reader returns to the linked server, or keeps it in
-its outbox until one is assigned, and acts where the reader stops (Terminate, a protocol
-error). Each ReadyForQuery its server forwards is judged by `core.backend.after_ready`: the
-server goes back to the pool only on ReadyForQuery 'I' with the ledger owed nothing.
+The login is net/client_login.py's, around core/client_login.py's exchanges (the startup
+packet, TLS, then the password). After it, every byte the client sends goes to the request
+reader (core/frontend.py), which frames it, counts it in the client's FrontendLedger
+(core/ledger.py) and rewrites it for prepared statements; this Protocol sends what the
+reader returns to the linked server, or keeps it in its outbox until one is assigned, and
+acts where the reader stops (Terminate, a protocol error). Each ReadyForQuery its server
+forwards is judged by `core.backend.after_ready`: the server goes back to the pool only on
+ReadyForQuery 'I' with the ledger owed nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import pwd
 import socket
 import struct
-from collections.abc import Generator
 from typing import TYPE_CHECKING, Final
 
-from ..core import backend, client_login
-from ..core.client_login import Authenticated, FirstPacket, StartTls, StartupTls
-from ..core.exchange import advance
+from ..core import backend
 from ..core.frontend import RequestReader
-from ..core.states import ClientEvent, ClientState, client_transition
+from ..core.states import ClientState, client_transition
 from ..pooling import prepared
 from ..pooling import session_state as ss
-from ..pooling.params import TRACKED, canonical_name, same_encoding
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..protocol.framing import FramingError
-from ..protocol.startup import CancelRequest
-from . import tls
+from .client_login import ClientLogin
 from .flow_control import ReadingSwitch
 from .socket_ids import socket_ids as _ids  # shared with the other side
 from .socket_options import tune_tcp
@@ -102,19 +97,11 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         # The session state that follows or pins it (transaction mode, session_state =
         # follow; pooling/session_state.py); None when it is not looked at.
         self.session: ss.ClientSession | None = None
-        # The login (core/client_login.py): the startup packet's exchange, what the client
-        # sends between its StartupMessage and start_auth(), then the password exchange.
-        self._startup: Generator[bytes, bytes, FirstPacket | StartTls] = (
-            client_login.read_startup())
-        next(self._startup)
-        # TLS (net/tls.py): the `tls` column of SHOW CLIENTS ("" in plaintext), and the
-        # tls-server-end-point data SCRAM-SHA-256-PLUS binds to.
+        # The login, to its ReadyForQuery (net/client_login.py), and TLS's line of SHOW
+        # CLIENTS ("" in plaintext).
+        self.login = ClientLogin(self)
         self.tls_info = ""
-        self._channel_binding: bytes | None = None
-        self._startup_buffer = bytearray()
-        self._auth: Generator[bytes, bytes, Authenticated] | None = None
         self._reading_paused = False
-        self._max_packet = pooler.settings.pooler.max_packet_size
 
     def __repr__(self) -> str:
         return f"C-{self.id}:{self.database}/{self.user}@{self.peer[0]}:{self.peer[1]}"
@@ -142,9 +129,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                 self.peer_uid = int(struct.unpack("3i", creds)[1])  # pid, uid, gid
             except OSError as exc:
                 log.warning("%r: unix peer uid failed: %s", self, exc)
-        startup_tls = self.pooler.tls.client.startup(over_unix_socket=self.peer[0] == "unix")
-        self._startup = client_login.read_startup(startup_tls)
-        next(self._startup)
+        self.login.connected(over_unix_socket=self.peer[0] == "unix")
         self.pooler.client_connected(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -176,9 +161,9 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             elif self.state is ClientState.WAITING:
                 self._relay(data)
             elif self.state is ClientState.STARTUP:
-                self._startup_data(data)
+                self.login.startup_data(data)
             elif self.state is ClientState.AUTH:
-                self._auth_data(data)
+                self.login.auth_data(data)
             elif self.state is ClientState.WELCOME:
                 # Nothing is expected before ReadyForQuery; keep it for later.
                 self.reader.partial += data
@@ -216,169 +201,9 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    # --- startup and authentication (the exchanges are core/client_login.py) --------------
-
-    def _startup_data(self, data: bytes) -> None:
-        if self.user:
-            # The StartupMessage is in and auth_query is looking the user up: what follows
-            # waits, bounded, for start_auth().
-            self._startup_buffer += data
-            client_login.check_held(self._startup_buffer)
-            return
-        first = advance(self._startup, data, self.write)
-        if first is None:
-            return
-        if isinstance(first, StartTls):
-            self._start_tls(first.hello)
-            return
-        packet = first.packet
-        if isinstance(packet, CancelRequest):
-            self.pooler.forward_cancel(packet.pid, packet.secret)
-            self.close("cancel request")
-            return
-        settings = self.pooler.settings.pooler
-        self.user, self.database = client_login.login_names(packet.params)
-        self.startup_params = packet.params
-        self.params.update(client_login.tracked_parameters(
-            packet.params, settings.track_extra_parameters, settings.ignore_startup_parameters))
-        if settings.log_connections:
-            log.info("%r: login attempt: db=%s user=%s tls=%s", self, self.database, self.user,
-                     self.tls_info or "no")
-        self._startup_buffer += first.rest
-        self.pooler.begin_authentication(self)
-        if self.state is ClientState.STARTUP:
-            client_login.check_held(self._startup_buffer)
-
-    def start_auth(self, secret: str | None, auth_type: str) -> None:
-        """Ask for the client's password in the way `auth_type` and the secret allow.
-
-        `secret` None means the user is unknown: the exchange still runs in full and fails
-        as a wrong password would.
-        """
-        if auth_type in ("trust", "any"):
-            self.authenticated(None)
-        elif auth_type == "peer":
-            client_login.check_peer(self.user, secret, self._peer_os_user())
-            self.authenticated(None)
-        elif auth_type == "cert":
-            problem = client_login.cert_login_problem(
-                self.user, secret, bool(self.tls_info), tls.peer_common_names(self.transport))
-            if problem is not None:
-                log.warning("%r: %s", self, problem)
-                raise PoolerError(client_login.CERT_LOGIN_FAILED, errors.INVALID_AUTHORIZATION,
-                                  side=errors.Side.CLIENT)
-            self.authenticated(None)
-        else:
-            self.on(ClientEvent.AUTH_REQUESTED)
-            self._auth = client_login.password_exchange(self.user, secret, auth_type,
-                                                        self._max_packet, self._channel_binding)
-            self.write(next(self._auth))  # the authentication request
-        if self._startup_buffer and self.state is not ClientState.CLOSED:
-            # What the client sent after its StartupMessage while auth_query ran (or in the
-            # same read as it).
-            rest = bytes(self._startup_buffer)
-            self._startup_buffer.clear()
-            self.data_received(rest)
-
-    def _start_tls(self, hello: bytes) -> None:
-        """'S' went out: what the client sends next is its TLS ClientHello, for the TLS
-        layer start_tls puts under this Protocol, not for `data_received`. Direct TLS:
-        `hello` is the start of the ClientHello, already read."""
-        assert self.transport is not None
-        timeout = self.pooler.settings.pooler.client_login_timeout
-        if hello:
-            self.pooler.spawn(tls.accept_direct(self, self.pooler.tls, timeout, hello))
-            return
-        self.transport.pause_reading()
-        self.pooler.spawn(tls.accept_client(self, self.pooler.tls, timeout))
-
-    def tls_started(self, transport: asyncio.Transport, client_tls: tls.ClientTls,
-                    direct: bool = False) -> None:
-        """The handshake is done: the startup packets are read again, now inside TLS. Direct
-        TLS (no SSLRequest first) must have agreed on ALPN `postgresql`, as PostgreSQL 17
-        requires: that is what keeps a TLS connection meant for another protocol out."""
-        self.transport = transport
-        self.tls_info = tls.connection_info(transport, client_tls.curve)
-        self._channel_binding = client_tls.channel_binding
-        self._startup = client_login.read_startup(StartupTls(active=True))
-        next(self._startup)
-        if direct and tls.alpn_protocol(transport) != tls.ALPN_POSTGRESQL:
-            self.fail(errors.ClientProtocolError(
-                "received direct SSL connection request without ALPN protocol negotiation "
-                "extension"))
-
-    def tls_failed(self, reason: str) -> None:
-        log.warning("%r: %s", self, reason)
-        self.close(reason)
-
-    def _peer_os_user(self) -> str | None:
-        """The name of the OS user at the other end of the unix socket; None over TCP."""
-        if self.peer_uid is None:
-            return None
-        try:
-            return pwd.getpwuid(self.peer_uid).pw_name
-        except KeyError:
-            return None
-
-    def _auth_data(self, data: bytes) -> None:
-        exchange = self._auth
-        assert exchange is not None
-        done = advance(exchange, data, self.write)
-        if done is None:
-            return
-        self._auth = None
-        if done.reply:
-            self.write(done.reply)
-        self.authenticated(done.client_key)
-        if self.state is not ClientState.AUTH and done.rest:
-            self.reader.partial += done.rest
-
-    def authenticated(self, scram_client_key: bytes | None) -> None:
-        """The password checked out. AuthenticationOk waits for the welcome, so that an
-        unknown database or a failing server login is reported in its place."""
-        self.on(ClientEvent.AUTHENTICATED)
-        self.pooler.client_authenticated(self, scram_client_key)
-
     def welcome(self, server_params: dict[str, str]) -> None:
-        """Send AuthenticationOk, ParameterStatus, BackendKeyData and ReadyForQuery."""
-        out = [m.authentication(m.AUTH_OK)]
-        encoding = self.params.get("client_encoding")
-        server_encoding = server_params.get("client_encoding")
-        if encoding and server_encoding and same_encoding(encoding, server_encoding):
-            self.params["client_encoding"] = server_encoding  # reported as PostgreSQL would
-        for name, value in server_params.items():
-            if name in self.params:
-                continue
-            out.append(m.parameter_status(name, value))
-        for name, value in self.params.items():
-            out.append(m.parameter_status(name, value))
-        # Tracked parameters the client did not set take the server's defaults.
-        for name, value in server_params.items():
-            if canonical_name(name, self.pooler.settings.pooler.track_extra_parameters):
-                self.params.setdefault(name, value)
-        out.append(m.backend_key_data(*self.cancel_key))
-        self.reader.admin = self.admin is not None
-        out.append(m.ready_for_query(m.TX_IDLE))
-        self.write(b"".join(out))
-        self.on(ClientEvent.WELCOMED)
-        cfg = self.pooler.settings.pooler
-        pool = self.pool
-        if (cfg.max_prepared_statements > 0 and pool is not None and self.admin is None
-                and pool.limits.pool_mode != "session" and self.statements is None):
-            self.statements = prepared.ClientStatements(
-                self.pooler.statement_registry, cfg.max_client_prepared_statements
-            )
-            self.reader.rewriting = True
-        if pool is not None and self.admin is None and pool.limits.pool_mode == "transaction":
-            policy = pool.limits.session_state
-            self.reader.watch = policy != "ignore"
-            if policy == "reject":
-                self.reader.reject = "transaction"
-            elif policy == "follow":
-                extra = self.pooler.settings.pooler.track_extra_parameters
-                self.session = ss.ClientSession(frozenset(
-                    name.lower().encode() for name in (*TRACKED, *extra)))
-        self.carry_on()
+        """The end of the login (net/client_login.py): AuthenticationOk to ReadyForQuery."""
+        self.login.welcome(server_params)
 
     # --- the hot path: client to server (framing, counting, rewriting: core/frontend.py) ---
 

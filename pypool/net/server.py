@@ -3,12 +3,12 @@
 States: CONNECTING, LOGIN, IDLE, ACTIVE, CLOSED, changed only through the (state, event)
 table in core/states.py, which says what each means.
 
-The login is core/server_login.py's exchange; after it, every byte the server sends goes to
-the reply reader (core/replies.py), which frames it, keeps the backend ledger of the pooler's
-own queries (core/backend.py) and says where to act. This Protocol writes what the reader
-leaves for the linked client, tells the client of each ReadyForQuery (the client's ledger
-decides a release), settles the pooler's own queries with the pooler, and carries flow
-control. The server is never handed on while replies are owed.
+The login is net/server_login.py's, around core/server_login.py's exchange; after it, every
+byte the server sends goes to the reply reader (core/replies.py), which frames it, keeps the
+backend ledger of the pooler's own queries (core/backend.py) and says where to act. This
+Protocol writes what the reader leaves for the linked client, tells the client of each
+ReadyForQuery (the client's ledger decides a release), settles the pooler's own queries with
+the pooler, and carries flow control. The server is never handed on while replies are owed.
 """
 
 from __future__ import annotations
@@ -16,21 +16,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 from ..core import backend as backend_ledger
-from ..core import replies, server_login
+from ..core import replies
 from ..core.backend import HIDDEN_CHECK, HIDDEN_PLAIN
-from ..core.exchange import advance
-from ..core.server_login import LoggedIn, ServerLoginError
+from ..core.server_login import ServerLoginError
 from ..core.states import ServerEvent, ServerState, server_transition
 from ..pooling import prepared
 from ..pooling.params import covers, set_statements
 from ..pooling.session_state import SESSION_SETTINGS
 from ..protocol import messages as m
-from . import tls
 from .flow_control import ReadingSwitch
+from .server_login import ServerLogin
 from .socket_ids import socket_ids as _ids  # shared with the other side
 from .socket_options import tune_tcp
 
@@ -96,11 +94,9 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.reader.name = repr(self)
         self.local_port = 0
         self.ready: asyncio.Future[None] = pooler.loop.create_future()
-        # The login exchange (core/server_login.py), from connection_made to ReadyForQuery.
-        self._login: Generator[bytes, bytes, LoggedIn] | None = None
-        # TLS (net/tls.py): the SSLRequest's answer is awaited; the `tls` column of SHOW
-        # SERVERS ("" in plaintext).
-        self._awaiting_tls_answer = False
+        # The login, to its first ReadyForQuery (net/server_login.py), and TLS's line of
+        # SHOW SERVERS ("" in plaintext).
+        self.login = ServerLogin(self)
         self.tls_info = ""
         self._reading_paused = False
         self.writing_paused = False  # our socket to PostgreSQL is above its high-water mark
@@ -129,22 +125,7 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             except OSError:
                 pass
         self.on(ServerEvent.CONNECTED)
-        if self.pooler.tls.server.context is not None:
-            self._awaiting_tls_answer = True
-            transport.write(server_login.SSL_REQUEST)  # type: ignore[attr-defined]
-            return
-        self._start_login(None)
-
-    def _start_login(self, channel_binding: bytes | None) -> None:
-        creds = self.credentials
-        verifier = creds.verifier
-        self._login = server_login.login(
-            creds.user, self.dbname, self.startup_params, password=creds.password,
-            md5_hash=creds.md5_hash, client_key=creds.scram_client_key,
-            server_key=verifier.server_key if verifier is not None else None,
-            channel_binding=channel_binding,
-        )
-        self.transport.write(next(self._login))  # type: ignore[union-attr]  # StartupMessage
+        self.login.connected()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.state is ServerState.CLOSED:
@@ -274,71 +255,12 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.state is ServerState.LOGIN:
-            self._login_data(data)
+            self.login.data(data)
         else:
             self.pool.stats.bytes_sent += len(data)  # what goes on to clients, give or take
             if self.txlog is not None:
                 self.txlog.feed(data)
             self._relay(data)
-
-    def _login_data(self, data: bytes) -> None:
-        if self._awaiting_tls_answer:
-            self._tls_answer(data)
-            return
-        login = self._login
-        if login is None:
-            return  # logged in but closing (pooler.server_available): nothing more to read
-        assert self.transport is not None
-        try:
-            done = advance(login, data, self.transport.write)
-        except ServerLoginError as exc:
-            self._login = None
-            self._fail_login(exc)
-            return
-        if done is None:
-            return
-        self._login = None
-        self.params.update(done.params)
-        self.backend_pid, self.backend_secret = done.backend_pid, done.backend_secret
-        self.ready.set_result(None)
-        self.pooler.server_logged_in(self)
-        if self.state is not ServerState.LOGIN and done.rest:
-            self._relay(done.rest)
-
-    def _tls_answer(self, data: bytes) -> None:
-        """The server's 'S' or 'N' to the SSLRequest (core/server_login.tls_answer)."""
-        self._awaiting_tls_answer = False
-        tls_config = self.pooler.tls
-        try:
-            start = server_login.tls_answer(data, tls_config.server.sslmode)
-        except ServerLoginError as exc:
-            self._fail_login(exc)
-            return
-        if not start:
-            self._start_login(None)
-            return
-        assert self.transport is not None
-        self.transport.pause_reading()  # the TLS layer reads from here on
-        self.pooler.spawn(tls.connect_server(
-            self, tls_config, self.host, self.pooler.settings.pooler.server_connect_timeout,
-            self._tls_started, self._tls_failed))
-
-    def _tls_started(self, transport: asyncio.Transport, channel_binding: bytes | None) -> None:
-        if self.state is ServerState.CLOSED:
-            transport.close()
-            return
-        self.transport = transport
-        self.tls_info = tls.connection_info(transport)
-        self._start_login(channel_binding)
-
-    def _tls_failed(self, reason: str) -> None:
-        text = f"server TLS handshake failed: {reason}"
-        self._fail_login(ServerLoginError(text, m.error_response(text, "08006", "FATAL")))
-
-    def _fail_login(self, exc: ServerLoginError) -> None:
-        if not self.ready.done():
-            self.ready.set_exception(exc)
-        self.close(f"login failed: {exc}")
 
     # --- the hot path: server to client (framing and judging: core/replies.py) -------------
 

@@ -134,7 +134,7 @@ def client_tls(cfg: PoolerSettings) -> ClientTls:
     elif cfg.client_tls_ca_file:
         ctx.verify_mode = ssl.CERT_OPTIONAL  # libtls's verify_client_optional
     # PostgreSQL's ALPN name, selected when a client offers it (libpq 17+ does); direct TLS
-    # requires it (ClientConnection.tls_started).
+    # requires it (ClientLogin.tls_started).
     ctx.set_alpn_protocols([ALPN_POSTGRESQL])
     curve = _set_curve(ctx, cfg.client_tls_ecdhcurve)
     _check_dheparams(cfg.client_tls_dheparams)
@@ -353,10 +353,10 @@ async def _direct_handshake(client: ClientConnection, tls: Tls, waiter: asyncio.
         await waiter
     except Exception as exc:  # noqa: BLE001 - any failure ends this client's login
         tls.count("client", False)
-        client.tls_failed(_reason(exc))
+        client.login.tls_failed(_reason(exc))
         return
     tls.count("client", True)
-    client.tls_started(layer._app_transport, tls.client, direct=True)  # noqa: SLF001
+    client.login.tls_started(layer._app_transport, tls.client, direct=True)  # noqa: SLF001
 
 
 async def accept_client(client: ClientConnection, tls: Tls, timeout: float) -> None:
@@ -370,14 +370,14 @@ async def accept_client(client: ClientConnection, tls: Tls, timeout: float) -> N
                                    ssl_handshake_timeout=timeout or None)
     except Exception as exc:  # noqa: BLE001 - any failure ends this client's login
         tls.count("client", False)
-        client.tls_failed(_reason(exc))
+        client.login.tls_failed(_reason(exc))
         return
     if new is None:  # the connection went away meanwhile
         tls.count("client", False)
-        client.tls_failed("connection closed during the TLS handshake")
+        client.login.tls_failed("connection closed during the TLS handshake")
         return
     tls.count("client", True)
-    client.tls_started(new, tls.client)  # type: ignore[arg-type]  # uvloop's is no subclass
+    client.login.tls_started(new, tls.client)  # type: ignore[arg-type]  # uvloop's is no subclass
 
 
 async def connect_server(server: ServerConnection, tls: Tls, host: str, timeout: float,

@@ -26,6 +26,7 @@ from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 
 if TYPE_CHECKING:
+    from ..net.client import ClientConnection
     from ..pooling.pool import Pool
     from ..settings import UserEntry
     from .objects import Pooler
@@ -91,9 +92,12 @@ def sweep(pooler: Pooler) -> None:
         idle_xact_timeout = _user_value(user_entry, "idle_transaction_timeout",
                                         cfg.idle_transaction_timeout)
         for server in list(pool.active):
-            client = server.client
-            if client is None:
+            # Its own name and type: compiled, a name keeps the type of its first use (the
+            # login loop's ClientConnection), and an active server may have no client.
+            linked: ClientConnection | None = server.client
+            if linked is None:
                 continue
+            client = linked
             if not client.ledger.idle():
                 if query_timeout and now - client.query_start > query_timeout:
                     server.close("query timeout")

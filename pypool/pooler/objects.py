@@ -378,7 +378,7 @@ class Pooler:
         waiting_for_params, pool.awaiting_params = pool.awaiting_params, []
         for client in waiting_for_params:
             if client.state is ClientState.WELCOME:
-                client.welcome(pool.server_params)
+                client.login.welcome(pool.server_params)
         entry = self.settings.database(pool.database) or self.retired.get(pool.database)
         if entry is not None and entry.connect_query:
             # Before any client: its replies are hidden, the first client's requests follow.
@@ -443,7 +443,7 @@ class Pooler:
             self.client_counts.admit(self.settings, client)
             if cfg.log_connections:
                 log.info("%r: pgbouncer access from unix socket", client)
-            client.start_auth(None, "trust")
+            client.login.start_auth(None, "trust")
             return
         self.client_counts.admit(self.settings, client)
         auth_type = cfg.auth_type
@@ -533,7 +533,7 @@ class Pooler:
         if failing is not None:
             raise failing
         if pool.server_params is not None:
-            client.welcome(pool.server_params)
+            client.login.welcome(pool.server_params)
             return
         pool.awaiting_params.append(client)
         self.launch_servers(pool)
@@ -707,7 +707,7 @@ def _start_auth(client: ClientConnection, secret: str | None, auth_type: str,
     auth_query, `known`, with or without a password)."""
     if auth_type == "trust" and secret is None and not known:
         raise PoolerError('"trust" authentication failed', side=errors.Side.CLIENT)
-    client.start_auth(secret, auth_type)
+    client.login.start_auth(secret, auth_type)
 
 
 def _connect_failure(failure: Exception) -> str:

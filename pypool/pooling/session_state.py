@@ -118,10 +118,13 @@ def look(kind: int, data: bytes, pos: int, end: int) -> list[Command] | None:
     verdict = _first_look(data, text_at, text_end)
     if verdict == NO:
         return None
-    if verdict == CALLS and (data.find(b"advisory", text_at, text_end) < 0
-                             and data.find(b"set_config", text_at, text_end) < 0
-                             and data.find(b"ADVISORY", text_at, text_end) < 0
-                             and data.find(b"SET_CONFIG", text_at, text_end) < 0):
+    # A SELECT matters only if it calls a function: no parenthesis, no call (one `find`
+    # settles pgbench's and most ORMs' point lookups).
+    if verdict == CALLS and (data.find(b"(", text_at, text_end) < 0
+                             or (data.find(b"advisory", text_at, text_end) < 0
+                                 and data.find(b"set_config", text_at, text_end) < 0
+                                 and data.find(b"ADVISORY", text_at, text_end) < 0
+                                 and data.find(b"SET_CONFIG", text_at, text_end) < 0)):
         return None
     return classify(data[text_at:text_end])
 
@@ -136,6 +139,7 @@ def candidate(data: bytes, pos: int) -> bool:
 
 _SPACE: Final = _table(b" \t\r\n\f\v")
 _WORD: Final = re.compile(rb"[A-Za-z_\x80-\xff][A-Za-z0-9_$\x80-\xff]*")
+_ON_COMMIT_DROP: Final = re.compile(rb"\bon\s+commit\s+drop\b", re.IGNORECASE)
 _DOLLAR_TAG: Final = re.compile(rb"\$(?:[A-Za-z_\x80-\xff][A-Za-z0-9_\x80-\xff]*)?\$")
 
 
@@ -320,7 +324,9 @@ def classify(text: bytes, start: int = 0) -> list[Command]:
         if rest[:1] in ([b"global"], [b"local"]):
             rest = rest[1:]
         if rest[:1] in ([b"temp"], [b"temporary"]):
-            return [Command(TEMP_TABLE)]
+            # ON COMMIT DROP: gone when its transaction ends, so nothing to keep a server for.
+            statement, _ = single(text, pos)
+            return [] if _ON_COMMIT_DROP.search(statement) else [Command(TEMP_TABLE)]
         if rest[:1] == [b"unlogged"]:
             rest = rest[1:]
         if rest[:1] == [b"table"] and len(rest) > 1:

@@ -39,6 +39,10 @@ def kinds(sql: str) -> list[int]:
     ("UNLISTEN *", [Command(ss.UNLISTEN_ALL)]),
     ("CREATE TEMP TABLE t (a int)", [Command(ss.TEMP_TABLE)]),
     ("create local temporary table t (a int)", [Command(ss.TEMP_TABLE)]),
+    # Dropped when its transaction ends: nothing outlives it.
+    ("CREATE TEMP TABLE t (x int, y text) ON COMMIT DROP", []),
+    ("create temp table t (x int) on  commit\n drop", []),
+    ("CREATE TEMP TABLE t (x int) ON COMMIT DELETE ROWS", [Command(ss.TEMP_TABLE)]),
     ("CREATE TABLE pg_temp.t (a int)", [Command(ss.TEMP_TABLE)]),
     ("CREATE TABLE IF NOT EXISTS pg_temp.t (a int)", [Command(ss.TEMP_TABLE)]),
     ("CREATE TABLE t (a int)", []),
@@ -89,7 +93,9 @@ def test_classify(sql: str, expected: list[Command]) -> None:
     ("SELECT abalance FROM pgbench_accounts WHERE aid = 1", None),
     ("SELECT pg_advisory_lock(1)", [Command(ss.LOCK)]),
     ("SELECT PG_ADVISORY_LOCK(1)", [Command(ss.LOCK)]),
-    ("SELECT 'advisory'", []),
+    ("SELECT 'advisory'", None),  # no call: not even read
+    ("SELECT 'advisory', f(1)", []),  # read, and nothing found
+    ("SELECT a FROM t WHERE b IN (1, 2)", None),
     ("DELETE FROM t", None),
     ("LISTEN c", [Command(ss.LISTEN, b"c")]),
     ("", None),
