@@ -226,6 +226,7 @@ _DEBUG_TYPES = _SOCKET_TYPES + "iiiiiii"
 _DEBUG_COLUMNS = (_SOCKET_COLUMNS + " recv_pos pkt_pos pkt_remain send_pos send_remain "
                   "pkt_avail send_avail")
 _NO_BUFFERS = (0, 0, 0, 0, 0, 0, 0)
+_STD = len(_SOCKET_TYPES)  # a client row's PgBouncer columns, before pypool's `pinned`
 _SERVER_STATES = {"active": "sv_active", "idle": "sv_idle", "new": "sv_login"}
 
 
@@ -238,14 +239,14 @@ def _socket_rows(view: PoolerView) -> list[tuple[Any, ...]]:
     groups.append((ADMIN_DB, view.console_clients(), ()))
     for _database, clients, servers in sorted(groups, key=lambda item: item[0]):
         for state in ("active", "waiting"):
-            rows.extend((*_client_row(c)[:4], "cl_" + state, *_client_row(c)[5:], *_NO_BUFFERS)
-                        for c in clients if c.state == state)
+            rows.extend((*_client_row(c)[:4], "cl_" + state, *_client_row(c)[5:_STD],
+                         *_NO_BUFFERS) for c in clients if c.state == state)
         for server in servers:
             row = _server_row(server)
             rows.append((*row[:4], _SERVER_STATES[server.state], *row[5:], *_NO_BUFFERS))
     for c in view.login_clients():
         row = _client_row(c)
-        rows.append((*row[:4], "cl_login", *row[5:], *_NO_BUFFERS))
+        rows.append((*row[:4], "cl_login", *row[5:_STD], *_NO_BUFFERS))
     return rows
 
 
