@@ -206,3 +206,26 @@ def test_the_console_switch_traces_one_client(pooler: PoolerFactory) -> None:
         assert "after-off" not in p.log()
         with pytest.raises(psycopg.Error, match="on or off"):
             admin.execute("TRACE quiet maybe")
+
+
+def config(admin: Any) -> dict[str, str]:
+    return {row[0]: row[1] for row in admin.execute("SHOW CONFIG").fetchall()}
+
+
+def test_trace_on_by_set_and_off_by_reload(pooler: PoolerFactory) -> None:
+    from tests.integration.app_client import connect as app_connect
+
+    p = pooler()
+    with app_connect(p.dsn()) as conn, console(p) as admin:
+        conn.execute("SELECT 'untraced'")
+        admin.execute("SET trace = on")
+        conn.execute("SELECT 'everyone'")
+        until(p, lambda ls: any("everyone" in line[2] for line in ls))
+        assert config(admin)["trace"] == "1"
+        p.rewrite_config({"trace": "off"})
+        p.reload()
+        assert wait_for(lambda: config(admin)["trace"] == "0", 5)
+        conn.execute("SELECT 'after-reload'")
+        conn.execute("SELECT 'untraced'")
+    log = p.log()
+    assert "after-reload" not in log and "'untraced'" not in log
