@@ -22,6 +22,7 @@ parameter values, rows, COPY data) are cut to `limit` characters with their full
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -448,7 +449,9 @@ class Tracer:
 
 # --- the four socket points: what the pooler did with each message ----------------------------
 
-_PENDING_LIMIT: Final = 256  # messages kept per connection awaiting attribution
+# A client's messages kept awaiting attribution (what it sent while it had no server, or
+# while a WAIT held it). A server's are settled at the end of each read, however many.
+_PENDING_LIMIT: Final = 65536
 _LOGIN_STATES: Final = ("STARTUP", "AUTH", "WELCOME")
 _SSL_ANSWERS: Final = (b"N", b"S", b"G")
 
@@ -462,10 +465,10 @@ class WireTrace:
     """The trace as the network layer feeds it, at the four socket points:
 
     - client > pooler (`client_read`): each message is kept, not printed, until it is seen
-      going on to a server: unchanged (forwarded), changed but of the same kind (rewritten:
-      a statement renamed; two lines, the client's `C-n > pooler` and what went on), or
-      never (swallowed: the pooler answered it itself, a Parse of a statement the server
-      already had, a Terminate). Login messages print at once.
+      going on to a server: unchanged (forwarded), the same but for a statement name
+      (rewritten; two lines, the client's `C-n > pooler` and what went on), or never
+      (swallowed: the pooler answered it itself, a Parse of a statement the server already
+      had, a Close, a Terminate). Login messages print at once.
     - pooler > server (`server_write`): a message matched to one the client sent is printed
       as the client's; one that matches none (or that the caller says is its own: a hidden
       SET, check or reset query, the login) is the pooler's, `injected`.
@@ -485,7 +488,7 @@ class WireTrace:
         self.tracer = tracer
         self.filter = TraceFilter()
         # Messages read and not yet attributed, by connection label: (type, body, length).
-        self.pending: dict[str, list[tuple[int, bytes, int]]] = {}
+        self.pending: dict[str, deque[tuple[int, bytes, int]]] = {}
         self.relaying: Any = None  # the server whose read is being dealt with
 
     # client > pooler
@@ -504,7 +507,7 @@ class WireTrace:
 
     def client_gone(self, client: Any) -> None:
         label = _label(client)
-        for kind, body, length in self.pending.pop(label, []):
+        for kind, body, length in self.pending.pop(label, ()):
             self.tracer.message(label, "pooler", CLIENT, kind, body, "swallowed", length)
         self.tracer.forget(label)
 
@@ -530,21 +533,24 @@ class WireTrace:
 
     def _match_request(self, client_label: str, message: tuple[int, bytes, int]
                        ) -> tuple[int, bytes, int] | None:
-        """The client's message that `message` is (equal, or else the first of its kind);
-        the client's messages before it were swallowed."""
+        """The client's message that `message` is: equal, or the same but for a statement
+        name (rewritten). Only a Parse or Close may be passed over on the way (the pooler
+        answers those itself: swallowed); anything else means `message` is the pooler's."""
         pending = self.pending.get(client_label)
         if not pending:
             return None
-        at = _find(pending, message)
-        if at < 0:
-            at = next((i for i, p in enumerate(pending) if p[0] == message[0]), -1)
+        at = -1
+        for i, candidate in enumerate(pending):
+            if candidate == message or _renamed(candidate, message):
+                at = i
+                break
+            if candidate[0] not in _ANSWERED_BY_POOLER:
+                return None
         if at < 0:
             return None
-        for kind, body, length in pending[:at]:
+        for kind, body, length in _take(pending, at):
             self.tracer.message(client_label, "pooler", CLIENT, kind, body, "swallowed", length)
-        original = pending[at]
-        del pending[: at + 1]
-        return original
+        return pending.popleft()
 
     # server > pooler
 
@@ -556,13 +562,13 @@ class WireTrace:
             if login:
                 self.tracer.message(label, "pooler", SERVER, kind, body, "swallowed", length)
             else:
-                self._keep(label, (kind, body, length))
+                self.pending.setdefault(label, deque()).append((kind, body, length))
 
     def server_done(self, server: Any) -> None:
         """The server's read is dealt with: what did not go on to a client was swallowed."""
         self.relaying = None
         label = _label(server)
-        for kind, body, length in self.pending.pop(label, []):
+        for kind, body, length in self.pending.pop(label, ()):
             self.tracer.message(label, "pooler", SERVER, kind, body, "swallowed", length)
 
     def server_gone(self, server: Any) -> None:
@@ -591,10 +597,10 @@ class WireTrace:
             while at + 1 < len(pending) and pending[at + 1] == message:
                 at += 1
             source = _label(server)
-            for skipped in pending[:at]:
+            for skipped in _take(pending, at):
                 self.tracer.message(source, "pooler", SERVER, skipped[0], skipped[1],
                                     "swallowed", skipped[2])
-            del pending[: at + 1]
+            pending.popleft()
             self.tracer.message(source, label, SERVER, kind, body, "forwarded", length)
 
     # ---
@@ -611,15 +617,43 @@ class WireTrace:
             yield kind, body, length
 
     def _keep(self, label: str, message: tuple[int, bytes, int]) -> None:
-        pending = self.pending.setdefault(label, [])
-        if len(pending) >= _PENDING_LIMIT:  # never matched (a bug, or a long pipeline)
-            kind, body, length = pending.pop(0)
-            self.tracer.message(label, "?", SERVER if label[0] == "S" else CLIENT, kind, body,
-                                "unmatched", length)
+        pending = self.pending.setdefault(label, deque())
+        if len(pending) >= _PENDING_LIMIT:  # never seen going on: say so, keep memory bounded
+            kind, body, length = pending.popleft()
+            self.tracer.message(label, "?", CLIENT, kind, body, "unmatched", length)
         pending.append(message)
 
 
-def _find(pending: list[tuple[int, bytes, int]], message: tuple[int, bytes, int]) -> int:
+# A client's messages the pooler may answer itself instead of passing them on.
+_ANSWERED_BY_POOLER: Final = (ord("P"), ord("C"))
+
+
+def _renamed(sent: tuple[int, bytes, int], went: tuple[int, bytes, int]) -> bool:
+    """Whether `went` is `sent` with its statement name changed (the prepared layer's
+    rewriting): the same Parse, Bind, Describe or Close but for the name, or a Query (whose
+    SQL-level PREPARE/EXECUTE names are rewritten; the pooler's own are flagged apart)."""
+    kind, a, b = sent[0], sent[1], went[1]
+    if kind != went[0]:
+        return False
+    if kind == ord("Q"):
+        return True
+    if kind == ord("P"):  # name, then the query and the types
+        return a[a.find(b"\0"):] == b[b.find(b"\0"):]
+    if kind == ord("B"):  # portal, statement name, then the values
+        portal = a.find(b"\0")
+        return (a[:portal] == b[:portal] and b.find(b"\0") == portal
+                and a[a.find(b"\0", portal + 1):] == b[b.find(b"\0", portal + 1):])
+    if kind == ord("D") or kind == ord("C"):  # 'S' or 'P', then the name
+        return a[:1] == b[:1]
+    return False
+
+
+def _take(pending: deque[tuple[int, bytes, int]], count: int) -> list[tuple[int, bytes, int]]:
+    """The first `count` messages, taken off."""
+    return [pending.popleft() for _ in range(count)]
+
+
+def _find(pending: deque[tuple[int, bytes, int]], message: tuple[int, bytes, int]) -> int:
     for i, candidate in enumerate(pending):
         if candidate == message:
             return i

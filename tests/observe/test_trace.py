@@ -238,3 +238,19 @@ def test_wire_trace_synthesised_and_hidden() -> None:
         ("S-2 > pooler", "ReadyForQuery", "swallowed"),
         ("S-2 > C-1", "ReadyForQuery", "forwarded"),
     ]
+
+
+def test_wire_trace_a_whole_injected_request_is_not_the_clients() -> None:
+    trace, out, client, server = wire()
+    # The session-state guard runs its own Bind and Execute before the client's.
+    trace.client_read(client, bind("s1", [b"x"]) + m.execute() + m.sync())
+    trace.server_write(server, bind("PYPOOL_GUARD", [b"12345678"]) + m.execute()
+                       + bind("PYPOOL_1", [b"x"]) + m.execute() + m.sync())
+    assert actions(out) == [
+        ("pooler > S-2", "Bind", "injected"),
+        ("pooler > S-2", "Execute", "injected"),
+        ("C-1 > pooler", "Bind", "rewritten"),
+        ("C-1 > S-2", "Bind", "rewritten"),
+        ("C-1 > S-2", "Execute", "forwarded"),
+        ("C-1 > S-2", "Sync", "forwarded"),
+    ]
