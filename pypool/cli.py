@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from . import __version__
+from .net.tls import Tls
 from .settings import Settings, SettingsError, from_url, load_ini, worker_share
 
 if TYPE_CHECKING:
@@ -223,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             settings = replace(settings, pooler=replace(settings.pooler, listen_port=args.port))
         if args.trace:
             settings = replace(settings, pooler=replace(settings.pooler, trace=True))
+        Tls(settings.pooler)  # TLS that cannot be set up stops the pooler here, not later
     except SettingsError as exc:
         print(f"pypool: {exc}", file=sys.stderr)
         return 2

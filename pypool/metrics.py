@@ -259,6 +259,13 @@ class PoolerCollector(Collector):
         yield wait
         yield xact
 
+        handshakes = CounterMetricFamily(
+            "pypool_tls_handshakes", "TLS handshakes with clients and servers, by outcome",
+            labels=["side", "outcome"])
+        for (side, outcome), count in sorted(self.view.tls_handshakes().items()):
+            handshakes.add_metric([side, outcome], count)
+        yield handshakes
+
 
 def registry_for(view: PoolerView) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)

@@ -8,8 +8,9 @@ Errors name the file, the line and the key.
 
 An unknown key is a warning, never a crash, and PgBouncer keys that change nothing in pypool's
 place (DNS, syslog, ...) are accepted quietly. Keys whose being ignored would
-mislead the operator are refused unless set to the value that leaves them off: TLS (plaintext
-where verify-full was asked for is a security hole) and the few `NOT_YET_IMPLEMENTED` keys.
+mislead the operator are refused unless set to the value that leaves them off: the few
+`NOT_YET_IMPLEMENTED` keys. The TLS keys are checked here for their syntax; whether their
+files and cipher lists make a working context is net/tls.py's to say.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from .pooling import policies
 log = logging.getLogger("pypool.settings")
 
 POOL_MODES = ("session", "transaction", "statement")
-AUTH_TYPES = ("scram-sha-256", "md5", "plain", "trust", "any", "peer")
-# PgBouncer's auth types that pypool refuses: they need an hba file or client certificates.
-UNSUPPORTED_AUTH_TYPES = ("hba", "cert")
+AUTH_TYPES = ("scram-sha-256", "md5", "plain", "trust", "any", "peer", "cert")
+# PgBouncer's auth types that pypool refuses: they need an hba file.
+UNSUPPORTED_AUTH_TYPES = ("hba",)
 
 # The keys PgBouncer accepts that pypool parses but does not act on, accepted quietly.
 ACCEPTED_UNUSED_KEYS = frozenset(
@@ -43,30 +44,30 @@ ACCEPTED_UNUSED_KEYS = frozenset(
     """.split()
 )
 
-# TLS is not implemented. Its keys are accepted only with a value that leaves TLS off
-# (PgBouncer's defaults, or empty); any other value, or a key or certificate file, says the
-# operator wants TLS, and pypool refuses to start rather than talk plaintext.
-_UNSET = frozenset({""})
-TLS_KEYS: dict[str, frozenset[str]] = {
-    # allow and prefer accept plaintext by definition: they run as disable, with a warning
-    # (PgBouncer 1.25's own default is server_tls_sslmode = prefer).
-    "client_tls_sslmode": frozenset({"", "disable", "allow", "prefer"}),
-    "client_tls_key_file": _UNSET,
-    "client_tls_cert_file": _UNSET,
-    "client_tls_ca_file": _UNSET,
-    "client_tls_protocols": frozenset({"", "secure", "all"}),
-    "client_tls_ciphers": frozenset({"", "default", "fast"}),
-    "client_tls13_ciphers": _UNSET,
-    "client_tls_ecdhcurve": frozenset({"", "auto"}),
-    "client_tls_dheparams": frozenset({"", "auto"}),
-    "server_tls_sslmode": frozenset({"", "disable", "allow", "prefer"}),
-    "server_tls_ca_file": _UNSET,
-    "server_tls_key_file": _UNSET,
-    "server_tls_cert_file": _UNSET,
-    "server_tls_protocols": frozenset({"", "secure", "all"}),
-    "server_tls_ciphers": frozenset({"", "default", "fast"}),
-    "server_tls13_ciphers": _UNSET,
-}
+# TLS (net/tls.py builds the contexts from these): the [pgbouncer] keys that configure it.
+TLS_KEYS = (
+    "client_tls_sslmode", "client_tls_key_file", "client_tls_cert_file", "client_tls_ca_file",
+    "client_tls_protocols", "client_tls_ciphers", "client_tls13_ciphers",
+    "client_tls_ecdhcurve", "client_tls_dheparams",
+    "server_tls_sslmode", "server_tls_ca_file", "server_tls_key_file", "server_tls_cert_file",
+    "server_tls_protocols", "server_tls_ciphers", "server_tls13_ciphers",
+)
+# libpq's sslmode values, weakest first (PgBouncer compares them by this order).
+SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+# What `*_tls_protocols` may name (libtls's syntax): keywords or a list of versions.
+TLS_PROTOCOL_WORDS = ("all", "secure", "default", "legacy")
+TLS_VERSIONS = ("tlsv1.0", "tlsv1.1", "tlsv1.2", "tlsv1.3")
+
+
+def check_tls_protocols(text: str) -> None:
+    """Raise ValueError unless `text` is libtls's protocol syntax: `secure`, `all`, ... or a
+    list of versions separated by commas or colons, each may be negated with `!`."""
+    for item in re.split(r"[,:]", text.lower()):
+        word = item.strip().lstrip("!")
+        if word and word not in TLS_PROTOCOL_WORDS and word not in TLS_VERSIONS:
+            raise ValueError(f"unknown TLS protocol {item.strip()!r} (one of "
+                             f"{', '.join(TLS_PROTOCOL_WORDS + TLS_VERSIONS)})")
+
 
 # [pgbouncer] keys with a field but no effect yet, and why: only their default is accepted.
 NOT_YET_IMPLEMENTED: dict[str, str] = {
@@ -204,6 +205,24 @@ class PoolerSettings:
     metrics_port: int = 0
     shutdown_timeout: float = 0.0
     cancel_wait_timeout: float = 10.0
+    # TLS (net/tls.py, docs/tls.md), PgBouncer's defaults: towards servers prefer (TLS when
+    # the server offers it, unverified), towards clients off.
+    client_tls_sslmode: str = "disable"
+    client_tls_key_file: str = ""
+    client_tls_cert_file: str = ""
+    client_tls_ca_file: str = ""
+    client_tls_protocols: str = "secure"
+    client_tls_ciphers: str = "default"
+    client_tls13_ciphers: str = ""
+    client_tls_ecdhcurve: str = "auto"
+    client_tls_dheparams: str = "auto"
+    server_tls_sslmode: str = "prefer"
+    server_tls_ca_file: str = ""
+    server_tls_key_file: str = ""
+    server_tls_cert_file: str = ""
+    server_tls_protocols: str = "secure"
+    server_tls_ciphers: str = "default"
+    server_tls13_ciphers: str = ""
     # Research (docs/research.md): one JSON line per transaction and per failed wait
     # (observe/txlog.py); empty: off. Reopened on SIGHUP, for log rotation.
     transaction_log: str = ""
@@ -355,6 +374,10 @@ def _check(key: str, value: object) -> None:
     elif key == "auth_type" and value not in AUTH_TYPES:
         unsupported = " (not supported yet)" if value in UNSUPPORTED_AUTH_TYPES else ""
         raise ValueError(f"must be one of {', '.join(AUTH_TYPES)}, not {value!r}{unsupported}")
+    elif key.endswith("_sslmode") and value not in SSLMODES:
+        raise ValueError(f"must be one of {', '.join(SSLMODES)}, not {value!r}")
+    elif key.endswith("_tls_protocols"):
+        check_tls_protocols(str(value))
 
 
 def parse_value(key: str, text: str) -> object:
@@ -374,6 +397,8 @@ def parse_value(key: str, text: str) -> object:
         value = parse_bool(text)
     elif field_type == "tuple[str, ...]":
         value = parse_list(text)
+    elif key.endswith("_sslmode"):
+        value = text.lower()
     else:
         value = text
     _check(key, value)
@@ -381,20 +406,6 @@ def parse_value(key: str, text: str) -> object:
         raise NotSupported(f"{NOT_YET_IMPLEMENTED[key]}; remove it or set it to its default, "
                            f"{getattr(_DEFAULTS, key)}")
     return value
-
-
-def check_tls_key(key: str, text: str) -> None:
-    """Raise NotSupported unless TLS key `key` is set to a value that leaves TLS off."""
-    value = text.strip().lower()
-    if value in TLS_KEYS[key]:
-        if value in ("allow", "prefer"):
-            log.warning("%s = %s: TLS is not implemented yet, connections stay plaintext",
-                        key, value)
-        return
-    if key.endswith("_sslmode"):
-        raise NotSupported(f"TLS is not implemented, and {key} = {text.strip()} would run in "
-                           "plaintext; set it to disable (terminate TLS in front of pypool)")
-    raise NotSupported("TLS is not implemented and this key asks for it; remove it")
 
 
 def _problem(at: str, key: str, exc: ValueError) -> SettingsError:
@@ -491,9 +502,7 @@ def pooler_settings(items: dict[str, str], where: str | _Section) -> PoolerSetti
         key = written.strip().lower()
         at = section.at(written)
         try:
-            if key in TLS_KEYS:
-                check_tls_key(key, raw)
-            elif key in _FIELDS:
+            if key in _FIELDS:
                 values[key] = parse_value(key, raw)
             elif key not in ACCEPTED_UNUSED_KEYS:
                 log.warning("%s: unknown key %r ignored", at, key)
@@ -508,9 +517,6 @@ def replace_setting(settings: PoolerSettings, key: str, text: str) -> PoolerSett
     or out-of-range value, and `settings` stays as it was."""
     key = key.strip().lower()
     try:
-        if key in TLS_KEYS:
-            check_tls_key(key, text)
-            return settings  # TLS stays off, as asked
         if key not in _FIELDS:
             raise SettingsError(f"unknown parameter: {key}")
         if key in RESTART_ONLY_KEYS:

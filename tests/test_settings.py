@@ -175,7 +175,7 @@ def test_unknown_key_is_a_warning_naming_it(
 def test_pgbouncer_keys_pypool_does_not_act_on_are_quiet(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # TLS keys too, with the values that leave TLS off (PgBouncer's defaults).
+    # TLS keys too, at values that leave TLS off.
     text = (
         "[pgbouncer]\nauth_hba_file =\nclient_tls_sslmode = disable\n"
         "tcp_keepalive = 1\nserver_tls_sslmode = disable\ndns_max_ttl = 15\n"
@@ -513,45 +513,47 @@ def test_bad_user_entries_name_the_file_line_and_key(
 
 
 @pytest.mark.parametrize(
-    ("key", "value"),
+    ("key", "value", "expected"),
     [
-        ("client_tls_sslmode", "require"),
-        ("client_tls_sslmode", "verify-full"),
-        ("server_tls_sslmode", "verify-ca"),
-        ("server_tls_sslmode", "require"),
-        ("client_tls_key_file", "/etc/pgbouncer/server.key"),
-        ("client_tls_cert_file", "/etc/pgbouncer/server.crt"),
-        ("server_tls_ca_file", "/etc/ssl/root.crt"),
-        ("client_tls_ciphers", "HIGH:!aNULL"),
-        ("server_tls13_ciphers", "TLS_AES_256_GCM_SHA384"),
+        ("client_tls_sslmode", "require", "require"),
+        ("client_tls_sslmode", "Verify-Full", "verify-full"),
+        ("server_tls_sslmode", "verify-ca", "verify-ca"),
+        ("client_tls_key_file", "/etc/pgbouncer/server.key", "/etc/pgbouncer/server.key"),
+        ("server_tls_ca_file", "/etc/ssl/root.crt", "/etc/ssl/root.crt"),
+        ("client_tls_ciphers", "HIGH:!aNULL", "HIGH:!aNULL"),
+        ("client_tls_protocols", "tlsv1.2,tlsv1.3", "tlsv1.2,tlsv1.3"),
+        ("server_tls_protocols", "all:!tlsv1.0", "all:!tlsv1.0"),
     ],
 )
-def test_tls_is_refused_naming_the_key(tmp_path: Path, key: str, value: str) -> None:
+def test_tls_keys_are_read(tmp_path: Path, key: str, value: str, expected: str) -> None:
+    path = write_ini(tmp_path, f"[pgbouncer]\nlisten_port = 7000\n{key} = {value}\n")
+    assert getattr(load_ini(path).pooler, key) == expected
+    assert getattr(replace_setting(PoolerSettings(), key, value), key) == expected
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [
+        ("client_tls_sslmode", "verify", "must be one of disable, allow, prefer, require"),
+        ("server_tls_sslmode", "", "must be one of"),
+        ("client_tls_protocols", "tlsv1.4", "unknown TLS protocol 'tlsv1.4'"),
+    ],
+)
+def test_bad_tls_values_are_refused_naming_the_key(tmp_path: Path, key: str, value: str,
+                                                   reason: str) -> None:
     path = write_ini(tmp_path, f"[pgbouncer]\nlisten_port = 7000\n{key} = {value}\n")
     with pytest.raises(SettingsError) as info:
         load_ini(path)
-    assert str(info.value).startswith(f"{path}:3 [pgbouncer]: key {key} is not supported yet: ")
-    assert "TLS" in str(info.value)
-    with pytest.raises(SettingsError, match=f"key {key} is not supported yet"):
+    assert str(info.value).startswith(f"{path}:3 [pgbouncer]: {key}: ")
+    assert reason in str(info.value)
+    with pytest.raises(SettingsError, match=key):
         replace_setting(PoolerSettings(), key, value)
 
 
-@pytest.mark.parametrize("key", ["client_tls_sslmode", "server_tls_sslmode"])
-@pytest.mark.parametrize("value", ["allow", "prefer"])
-def test_tls_modes_that_accept_plaintext_run_plaintext_with_a_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, key: str, value: str
-) -> None:
-    """allow and prefer accept a plaintext connection by definition (and prefer is PgBouncer
-    1.25's default for servers): a stock config starts, and the log says TLS is off."""
-    path = write_ini(tmp_path, f"[pgbouncer]\nlisten_port = 7000\n{key} = {value}\n")
-    with caplog.at_level("WARNING"):
-        load_ini(path)
-    assert f"{key} = {value}: TLS is not implemented yet" in caplog.text
-
-
-def test_every_tls_key_accepts_its_off_value(tmp_path: Path) -> None:
-    text = "[pgbouncer]\n" + "".join(f"{key} =\n" for key in TLS_KEYS)
-    assert load_ini(write_ini(tmp_path, text)).pooler == PoolerSettings()
+def test_every_tls_key_accepts_its_default(tmp_path: Path) -> None:
+    defaults = PoolerSettings()
+    text = "[pgbouncer]\n" + "".join(f"{key} = {getattr(defaults, key)}\n" for key in TLS_KEYS)
+    assert load_ini(write_ini(tmp_path, text)).pooler == defaults
 
 
 def test_unimplemented_keys_only_at_their_default(tmp_path: Path) -> None:
@@ -579,16 +581,16 @@ def test_keys_being_implemented_are_accepted(tmp_path: Path) -> None:
     assert settings.databases["app"].connect_query == "SET search_path = app"
 
 
-def test_start_with_tls_exits_naming_the_key(tmp_path: Path) -> None:
-    # The operator asked for TLS: pypool does not start in plaintext instead.
+def test_start_with_unusable_tls_exits_saying_why(tmp_path: Path) -> None:
+    # The operator asked for TLS and it cannot be set up: pypool does not start in plaintext.
     path = write_ini(tmp_path, "[databases]\napp = host=127.0.0.1\n[pgbouncer]\n"
                                "listen_port = 1\nclient_tls_sslmode = require\n")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     done = subprocess.run([sys.executable, "-m", "pypool", str(path)], capture_output=True,
                           text=True, timeout=20, env=env, stdin=subprocess.DEVNULL)
     assert done.returncode != 0
-    assert "client_tls_sslmode" in done.stderr
-    assert f"{path}:5" in done.stderr
+    assert ("To allow TLS connections from clients, client_tls_key_file and "
+            "client_tls_cert_file must be set.") in done.stderr
 
 
 # --- the example configuration ---------------------------------------------------------------

@@ -27,7 +27,11 @@ from dataclasses import dataclass
 
 from scramp import ScramClient, ScramException, ScramMechanism
 
+from .channel_binding import CHANNEL_BINDING_TYPE
+
 MECHANISM = "SCRAM-SHA-256"
+# With channel binding (auth/channel_binding.py), offered over TLS only.
+MECHANISM_PLUS = "SCRAM-SHA-256-PLUS"
 _MECH = ScramMechanism(MECHANISM)
 
 
@@ -120,6 +124,10 @@ class ScramMalformedError(ScramAuthError):
     violation (08P01), not a wrong password (28P01). The texts are PostgreSQL's."""
 
 
+class ScramDowngradeError(ScramMalformedError):
+    """The client can bind but was offered no binding (28000, as PostgreSQL)."""
+
+
 def _attribute_list(text: str) -> list[tuple[str, str]]:
     """`a=value,b=value,...` as (name, value) pairs, in order and with repeats kept.
 
@@ -165,8 +173,13 @@ class ScramServerExchange:
     ScramMalformedError, a proof that does not verify raises ScramAuthError.
     """
 
-    def __init__(self, verifier: ScramVerifier | None, user: str = "") -> None:
+    def __init__(self, verifier: ScramVerifier | None, user: str = "",
+                 channel_binding: bytes | None = None) -> None:
         self.known = verifier is not None
+        # The tls-server-end-point data of the certificate the pooler presented: SCRAM-SHA-
+        # 256-PLUS is on offer. `plus`: the client chose it (set before client_first).
+        self.channel_binding = channel_binding
+        self.plus = False
         # Like PostgreSQL's mock: a salt that is stable per user name (a changing salt
         # would tell an unknown user from a known one) and no PBKDF2 work to time.
         self.verifier = verifier or ScramVerifier(
@@ -193,15 +206,27 @@ class ScramServerExchange:
             raise ScramMalformedError("malformed SCRAM message (a second client-first-message)")
         text = _decode(data, "client-first-message")
         cbind_flag = text[:1]
-        if cbind_flag == "p":
-            # PostgreSQL offers SCRAM-SHA-256-PLUS only over TLS; the pooler never does.
+        if cbind_flag == "p" and self.channel_binding is None:
+            # PostgreSQL offers SCRAM-SHA-256-PLUS only over TLS, and so does the pooler.
             raise ScramMalformedError(
                 "client requires SCRAM channel binding, but it is not supported"
             )
-        if cbind_flag not in ("n", "y"):
+        if cbind_flag not in ("n", "y", "p"):
             raise ScramMalformedError(
                 f"malformed SCRAM message (unexpected channel-binding flag {cbind_flag!r})"
             )
+        self._check_binding_choice(cbind_flag)
+        if cbind_flag == "p":
+            # "p=tls-server-end-point," then the authzid part: made to look like the
+            # one-letter flags for what follows.
+            cb_end = text.find(",")
+            if text[1:2] != "=" or cb_end < 0:
+                raise ScramMalformedError("malformed SCRAM message (comma expected)")
+            cb_type = text[2:cb_end]
+            if cb_type != CHANNEL_BINDING_TYPE:
+                raise ScramMalformedError(
+                    f'unsupported SCRAM channel-binding type "{cb_type}"')
+            text = "p" + text[cb_end:]
         if text[1:2] != ",":
             raise ScramMalformedError("malformed SCRAM message (comma expected)")
         if text[2:3] == "a":
@@ -225,7 +250,7 @@ class ScramServerExchange:
         if not client_nonce or not _printable(client_nonce):
             raise ScramMalformedError("malformed SCRAM message (non-printable nonce)")
         # Any extensions after the nonce are optional ones; none is supported, all ignored.
-        self._gs2_header = text[:3]
+        self._gs2_header = f"p={CHANNEL_BINDING_TYPE},," if cbind_flag == "p" else text[:3]
         self._client_first_bare = bare
         self._nonce = client_nonce + base64.b64encode(os.urandom(18)).decode()
         v = self.verifier
@@ -254,7 +279,11 @@ class ScramServerExchange:
             proof = base64.b64decode(attrs[-1][1], validate=True)
         except ValueError:
             raise ScramMalformedError("malformed SCRAM message (invalid base64)") from None
-        if binding != self._gs2_header.encode():
+        if self.plus:
+            assert self.channel_binding is not None
+            if binding != self._gs2_header.encode() + self.channel_binding:
+                raise ScramMalformedError("SCRAM channel binding check failed")
+        elif binding != self._gs2_header.encode():
             raise ScramMalformedError(
                 "malformed SCRAM message (channel binding does not match client-first-message)"
             )
@@ -275,6 +304,25 @@ class ScramServerExchange:
         return f"v={signature}".encode()
 
 
+    def _check_binding_choice(self, flag: str) -> None:
+        """The client's gs2 flag against the mechanism it chose, as PostgreSQL checks it."""
+        if self.plus and flag != "p":
+            raise ScramMalformedError(
+                "malformed SCRAM message (The client selected SCRAM-SHA-256-PLUS, but the "
+                "SCRAM message does not include channel binding data.)")
+        if not self.plus and flag == "p":
+            raise ScramMalformedError(
+                "malformed SCRAM message (The client selected SCRAM-SHA-256 without channel "
+                "binding, but the SCRAM message includes channel binding data.)")
+        if flag == "y" and self.channel_binding is not None:
+            # A client that can bind, told the pooler cannot: someone stripped -PLUS from
+            # the offer (a downgrade). PostgreSQL's text; 28000.
+            raise ScramDowngradeError(
+                "SCRAM channel binding negotiation error (The client supports SCRAM channel "
+                "binding but thinks the server does not.  However, this server does support "
+                "channel binding.)")
+
+
 def _attributes(text: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in text.split(",") if "=" in part)
 
@@ -288,13 +336,26 @@ class ScramClientLogin:
         password: str | None = None,
         client_key: bytes | None = None,
         server_key: bytes | None = None,
+        channel_binding: bytes | None = None,
     ) -> None:
+        """`channel_binding`: the tls-server-end-point data of the server's certificate, to
+        log in with SCRAM-SHA-256-PLUS (the server offered it over TLS); None: without."""
         if password is None and (client_key is None or server_key is None):
             raise ValueError("a password, or a ClientKey and ServerKey, is needed")
         self._password = password
         self._client_key = client_key
         self._server_key = server_key
-        self._scramp = ScramClient([MECHANISM], user, password) if password is not None else None
+        self.mechanism = MECHANISM if channel_binding is None else MECHANISM_PLUS
+        self._scramp = None
+        if password is not None:
+            binding = (None if channel_binding is None
+                       else (CHANNEL_BINDING_TYPE, channel_binding))
+            self._scramp = ScramClient([self.mechanism], user, password,
+                                       channel_binding=binding)
+        # gs2 header, and the `c=` attribute of client-final-message (RFC 5802 7).
+        self._gs2_header = "n,," if channel_binding is None else f"p={CHANNEL_BINDING_TYPE},,"
+        cbind_input = self._gs2_header.encode() + (channel_binding or b"")
+        self._cbind = base64.b64encode(cbind_input).decode()
         self._nonce = base64.b64encode(os.urandom(18)).decode()
         self._client_first_bare = f"n=,r={self._nonce}"
         self._expected_server_signature = b""
@@ -302,7 +363,7 @@ class ScramClientLogin:
     def client_first(self) -> bytes:
         if self._scramp is not None:
             return str(self._scramp.get_client_first()).encode()
-        return ("n,," + self._client_first_bare).encode()
+        return (self._gs2_header + self._client_first_bare).encode()
 
     def server_first(self, data: bytes) -> bytes:
         """Takes server-first-message, returns client-final-message.
@@ -332,7 +393,7 @@ class ScramClientLogin:
         nonce = attrs["r"]
         if not nonce.startswith(self._nonce):
             raise ScramAuthError("server nonce does not extend the client nonce")
-        without_proof = f"c=biws,r={nonce}"
+        without_proof = f"c={self._cbind},r={nonce}"
         auth_message = f"{self._client_first_bare},{text},{without_proof}".encode()
         stored_key = hashlib.sha256(self._client_key).digest()
         proof = _xor(self._client_key, _hmac(stored_key, auth_message))

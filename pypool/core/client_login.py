@@ -5,16 +5,24 @@ sent, it yields the bytes to answer; see there), with two plain steps between th
 they decide is the pooler's answer to the client; what comes next (the auth_file or
 auth_query lookup, the pool, the welcome) the adapter, net/client.py, asks the pooler for.
 
-1. `read_startup`: the untyped first packets. SSLRequest and GSSENCRequest are answered
-   'N' (no TLS here); a StartupMessage newer than 3.0, or with protocol options, gets
-   NegotiateProtocolVersion. It returns at a CancelRequest or a StartupMessage, whose
-   parameters `login_names` and `tracked_parameters` then read.
+1. `read_startup`: the untyped first packets. An SSLRequest is answered 'S' when the
+   connection's `StartupTls` offers TLS, and it returns `StartTls`: the adapter does the
+   handshake and reads on with a new `read_startup`, `active` set. Else 'N', as is every
+   GSSENCRequest. A ClientHello as the first bytes is direct TLS (PostgreSQL 17): also
+   `StartTls`, with those bytes. Bytes behind either request were sent in the clear
+   before its answer and are refused (CVE-2021-23222); with TLS required a plaintext
+   StartupMessage is refused ("SSL required"), a CancelRequest is not. A StartupMessage
+   newer than 3.0, or with protocol options, gets NegotiateProtocolVersion. It returns at
+   a CancelRequest or a StartupMessage, whose parameters `login_names` and
+   `tracked_parameters` then read.
 2. Until the pooler asks for a password (auth_query may be looking the user up), what the
    client sends is held, bounded: `check_held`.
 3. `check_peer`, for `auth_type = peer` instead of a password: the OS user at the other end
-   of the unix socket must be the user logging in.
+   of the unix socket must be the user logging in; `cert_login_problem`, for `auth_type =
+   cert`: the client certificate's common name must be the user.
 4. `password_exchange`: given the user's secret (None: an unknown user) and auth_type, it
-   asks for a cleartext, md5 or SCRAM-SHA-256 password and checks it. It returns
+   asks for a cleartext, md5 or SCRAM-SHA-256 password and checks it (over TLS,
+   SCRAM-SHA-256-PLUS is offered too, bound to the pooler's certificate). It returns
    `Authenticated`, with the SCRAM ClientKey that logs into servers as this user, or raises
    a PoolerError: 28P01 for a wrong password, and for an unknown user after a full mock
    SCRAM exchange (auth/scram.py), so that user names cannot be probed; 08P01 for what
@@ -34,7 +42,9 @@ from typing import Final
 from ..auth.md5 import is_md5_hash, md5_hash, md5_response
 from ..auth.scram import (
     MECHANISM,
+    MECHANISM_PLUS,
     ScramAuthError,
+    ScramDowngradeError,
     ScramMalformedError,
     ScramServerExchange,
     ScramVerifier,
@@ -77,9 +87,43 @@ class FirstPacket:
     rest: bytes
 
 
-def read_startup() -> Generator[bytes, bytes, FirstPacket]:
-    """Read startup packets until a CancelRequest or a StartupMessage (see the module)."""
+@dataclass(frozen=True)
+class StartupTls:
+    """What the startup packets may do about TLS on one connection (net/tls.py decides)."""
+
+    offered: bool = False  # an SSLRequest is answered 'S' (a client context, over TCP)
+    required: bool = False  # client_tls_sslmode require or stricter: no plaintext login
+    active: bool = False  # the handshake is done: this reading runs inside TLS
+
+
+NO_TLS: Final = StartupTls()
+
+
+@dataclass(frozen=True)
+class StartTls:
+    """`read_startup` answered an SSLRequest 'S', or the client opened with a ClientHello
+    (direct TLS, PostgreSQL 17: `hello` holds the bytes read of it): the TLS handshake comes
+    next, and after it a new `read_startup` with `active` set. After an SSLRequest nothing
+    is left over (bytes behind it are refused: they were not encrypted)."""
+
+    hello: bytes = b""
+
+
+# The first byte of a TLS record carrying a handshake: where a startup packet's length would
+# start, a ClientHello (no startup packet is 0x16xxxxxx bytes long).
+TLS_HANDSHAKE_RECORD: Final = 0x16
+
+
+def read_startup(tls: StartupTls = NO_TLS,
+                 ) -> Generator[bytes, bytes, FirstPacket | StartTls]:
+    """Read startup packets until a CancelRequest or a StartupMessage, or an SSLRequest
+    that `tls` lets TLS start at (see the module)."""
     buffer = bytearray()
+    if tls.offered and not tls.active:
+        while not buffer:
+            buffer += yield b""
+        if buffer[0] == TLS_HANDSHAKE_RECORD:
+            return StartTls(bytes(buffer))
     while True:
         try:
             size = startup_packet_size(buffer)
@@ -97,12 +141,29 @@ def read_startup() -> Generator[bytes, bytes, FirstPacket]:
             parsed = parse_startup_packet(packet)
         except StartupError as bad:  # own name (mypyc)
             raise errors.ClientProtocolError(str(bad)) from None
-        if isinstance(parsed, (SSLRequest, GSSENCRequest)):
+        if isinstance(parsed, SSLRequest):
+            if buffer:
+                # Sent before the answer, so not encrypted whatever the answer: maybe
+                # injected by a man in the middle (CVE-2021-23222). PgBouncer's text.
+                raise errors.ClientProtocolError("received unencrypted data after SSL request")
+            if tls.active:
+                raise errors.ClientProtocolError("SSL req inside SSL")
+            if tls.offered:
+                yield b"S"
+                return StartTls()
+            data = yield b"N"
+            buffer += data
+        elif isinstance(parsed, GSSENCRequest):
+            if buffer:
+                raise errors.ClientProtocolError(
+                    "received unencrypted data after GSSAPI encryption request")
             data = yield b"N"
             buffer += data
         elif isinstance(parsed, CancelRequest):
-            return FirstPacket(parsed, bytes(buffer))
+            return FirstPacket(parsed, bytes(buffer))  # allowed in plaintext, as PgBouncer
         else:
+            if tls.required and not tls.active:
+                raise errors.ClientProtocolError("SSL required")
             if parsed.minor > 0 or parsed.protocol_options:
                 # The newest version for major 3 is 3.0, sent whole as PostgreSQL sends it.
                 data = yield m.negotiate_protocol_version(
@@ -164,6 +225,26 @@ def check_peer(user: str, secret: str | None, peer_os_user: str | None) -> None:
                           side=errors.Side.CLIENT)
 
 
+def cert_login_problem(user: str, secret: str | None, tls_active: bool,
+                       peer_names: tuple[str, ...] | None) -> str | None:
+    """`auth_type = cert`, as PgBouncer's login_via_cert: `user` is in if the connection
+    runs TLS, the client presented a certificate (`peer_names`: its subject's common names,
+    None for no certificate), the pooler knows `user` and one of those names is `user`.
+    Else why not, for the log; the client is told only "certificate authentication failed"."""
+    if not tls_active:
+        return "TLS connection required"
+    if peer_names is None:
+        return "TLS client certificate required"
+    if secret is None:
+        return "unknown user"
+    if user not in peer_names:
+        return "TLS certificate name mismatch"
+    return None
+
+
+CERT_LOGIN_FAILED: Final = "certificate authentication failed"
+
+
 # --- 4. the password -----------------------------------------------------------------------
 
 
@@ -188,11 +269,13 @@ def auth_method(secret: str | None, auth_type: str) -> str:
     return MD5 if use_md5 else SCRAM
 
 
-def password_exchange(user: str, secret: str | None, auth_type: str,
-                      max_packet: int) -> Generator[bytes, bytes, Authenticated]:
+def password_exchange(user: str, secret: str | None, auth_type: str, max_packet: int,
+                      channel_binding: bytes | None = None,
+                      ) -> Generator[bytes, bytes, Authenticated]:
     """Ask `user` for a password and check it against `secret` (None: an unknown user, whose
     exchange runs in full and fails as a wrong password would). Its first yield is the
-    authentication request."""
+    authentication request. `channel_binding`: over TLS, the tls-server-end-point data of
+    the pooler's certificate, and SCRAM-SHA-256-PLUS is offered first, as PostgreSQL does."""
     # A password or SASL step is small: refuse a bigger header before its body.
     messages = MessageBuffer(min(max_packet, MAX_AUTH_MESSAGE + HEADER_SIZE))
     method = auth_method(secret, auth_type)
@@ -200,8 +283,9 @@ def password_exchange(user: str, secret: str | None, auth_type: str,
         verifier = None
         if secret is not None:
             verifier = ScramVerifier.parse(secret) or verifier_for_password(user, secret)
-        exchange = ScramServerExchange(verifier, user)
-        messages.feed((yield m.authentication_sasl([MECHANISM])))
+        exchange = ScramServerExchange(verifier, user, channel_binding)
+        offered = [MECHANISM] if channel_binding is None else [MECHANISM_PLUS, MECHANISM]
+        messages.feed((yield m.authentication_sasl(offered)))
         return (yield from _sasl(exchange, messages))
     salt = b""
     if method == MD5:
@@ -243,7 +327,9 @@ def _sasl(exchange: ScramServerExchange,
         mechanism, initial = m.parse_sasl_initial_response(body)
     except (ValueError, struct.error) as bad:
         raise errors.ClientProtocolError(str(bad)) from None
-    if mechanism != MECHANISM:
+    if mechanism == MECHANISM_PLUS and exchange.channel_binding is not None:
+        exchange.plus = True
+    elif mechanism != MECHANISM:
         raise failed  # PostgreSQL: 08P01, but clients may match 28P01
     if initial is None:
         # No initial response: an empty challenge asks for it (RFC 4422, as PostgreSQL
@@ -261,6 +347,8 @@ def _sasl(exchange: ScramServerExchange,
 def _scram_step(step: Callable[[bytes], bytes], data: bytes, failed: PoolerError) -> bytes:
     try:
         return step(data)
+    except ScramDowngradeError as downgrade:
+        raise errors.ClientProtocolError(str(downgrade), errors.INVALID_AUTHORIZATION) from None
     except ScramMalformedError as malformed:
         # Broken grammar is a protocol violation (08P01), as in PostgreSQL.
         raise errors.ClientProtocolError(str(malformed)) from None

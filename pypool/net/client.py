@@ -23,7 +23,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Final
 
 from ..core import backend, client_login
-from ..core.client_login import Authenticated, FirstPacket
+from ..core.client_login import Authenticated, FirstPacket, StartTls, StartupTls
 from ..core.exchange import advance
 from ..core.frontend import RequestReader
 from ..core.states import ClientEvent, ClientState, client_transition
@@ -34,6 +34,7 @@ from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..protocol.framing import FramingError
 from ..protocol.startup import CancelRequest
+from . import tls
 from .flow_control import ReadingSwitch
 
 if TYPE_CHECKING:
@@ -100,8 +101,13 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self.statements: prepared.ClientStatements | None = None
         # The login (core/client_login.py): the startup packet's exchange, what the client
         # sends between its StartupMessage and start_auth(), then the password exchange.
-        self._startup: Generator[bytes, bytes, FirstPacket] = client_login.read_startup()
+        self._startup: Generator[bytes, bytes, FirstPacket | StartTls] = (
+            client_login.read_startup())
         next(self._startup)
+        # TLS (net/tls.py): the `tls` column of SHOW CLIENTS ("" in plaintext), and the
+        # tls-server-end-point data SCRAM-SHA-256-PLUS binds to.
+        self.tls_info = ""
+        self._channel_binding: bytes | None = None
         self._startup_buffer = bytearray()
         self._auth: Generator[bytes, bytes, Authenticated] | None = None
         self._reading_paused = False
@@ -136,6 +142,9 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                 self.peer_uid = int(struct.unpack("3i", creds)[1])  # pid, uid, gid
             except OSError as exc:
                 log.warning("%r: unix peer uid failed: %s", self, exc)
+        startup_tls = self.pooler.tls.client.startup(over_unix_socket=self.peer[0] == "unix")
+        self._startup = client_login.read_startup(startup_tls)
+        next(self._startup)
         self.pooler.client_connected(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -213,6 +222,9 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         first = advance(self._startup, data, self.write)
         if first is None:
             return
+        if isinstance(first, StartTls):
+            self._start_tls(first.hello)
+            return
         packet = first.packet
         if isinstance(packet, CancelRequest):
             self.pooler.forward_cancel(packet.pid, packet.secret)
@@ -224,7 +236,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self.params.update(client_login.tracked_parameters(
             packet.params, settings.track_extra_parameters, settings.ignore_startup_parameters))
         if settings.log_connections:
-            log.info("%r: login attempt: db=%s user=%s", self, self.database, self.user)
+            log.info("%r: login attempt: db=%s user=%s tls=%s", self, self.database, self.user,
+                     self.tls_info or "no")
         self._startup_buffer += first.rest
         self.pooler.begin_authentication(self)
         if self.state is ClientState.STARTUP:
@@ -241,10 +254,18 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         elif auth_type == "peer":
             client_login.check_peer(self.user, secret, self._peer_os_user())
             self.authenticated(None)
+        elif auth_type == "cert":
+            problem = client_login.cert_login_problem(
+                self.user, secret, bool(self.tls_info), tls.peer_common_names(self.transport))
+            if problem is not None:
+                log.warning("%r: %s", self, problem)
+                raise PoolerError(client_login.CERT_LOGIN_FAILED, errors.INVALID_AUTHORIZATION,
+                                  side=errors.Side.CLIENT)
+            self.authenticated(None)
         else:
             self.on(ClientEvent.AUTH_REQUESTED)
             self._auth = client_login.password_exchange(self.user, secret, auth_type,
-                                                        self._max_packet)
+                                                        self._max_packet, self._channel_binding)
             self.write(next(self._auth))  # the authentication request
         if self._startup_buffer and self.state is not ClientState.CLOSED:
             # What the client sent after its StartupMessage while auth_query ran (or in the
@@ -252,6 +273,37 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             rest = bytes(self._startup_buffer)
             self._startup_buffer.clear()
             self.data_received(rest)
+
+    def _start_tls(self, hello: bytes) -> None:
+        """'S' went out: what the client sends next is its TLS ClientHello, for the TLS
+        layer start_tls puts under this Protocol, not for `data_received`. Direct TLS:
+        `hello` is the start of the ClientHello, already read."""
+        assert self.transport is not None
+        timeout = self.pooler.settings.pooler.client_login_timeout
+        if hello:
+            self.pooler.spawn(tls.accept_direct(self, self.pooler.tls, timeout, hello))
+            return
+        self.transport.pause_reading()
+        self.pooler.spawn(tls.accept_client(self, self.pooler.tls, timeout))
+
+    def tls_started(self, transport: asyncio.Transport, client_tls: tls.ClientTls,
+                    direct: bool = False) -> None:
+        """The handshake is done: the startup packets are read again, now inside TLS. Direct
+        TLS (no SSLRequest first) must have agreed on ALPN `postgresql`, as PostgreSQL 17
+        requires: that is what keeps a TLS connection meant for another protocol out."""
+        self.transport = transport
+        self.tls_info = tls.connection_info(transport, client_tls.curve)
+        self._channel_binding = client_tls.channel_binding
+        self._startup = client_login.read_startup(StartupTls(active=True))
+        next(self._startup)
+        if direct and tls.alpn_protocol(transport) != tls.ALPN_POSTGRESQL:
+            self.fail(errors.ClientProtocolError(
+                "received direct SSL connection request without ALPN protocol negotiation "
+                "extension"))
+
+    def tls_failed(self, reason: str) -> None:
+        log.warning("%r: %s", self, reason)
+        self.close(reason)
 
     def _peer_os_user(self) -> str | None:
         """The name of the OS user at the other end of the unix socket; None over TCP."""

@@ -29,6 +29,7 @@ from ..core.states import ServerEvent, ServerState, server_transition
 from ..pooling import prepared
 from ..pooling.params import covers, set_statements
 from ..protocol import messages as m
+from . import tls
 from .flow_control import ReadingSwitch
 
 if TYPE_CHECKING:
@@ -95,6 +96,10 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.ready: asyncio.Future[None] = pooler.loop.create_future()
         # The login exchange (core/server_login.py), from connection_made to ReadyForQuery.
         self._login: Generator[bytes, bytes, LoggedIn] | None = None
+        # TLS (net/tls.py): the SSLRequest's answer is awaited; the `tls` column of SHOW
+        # SERVERS ("" in plaintext).
+        self._awaiting_tls_answer = False
+        self.tls_info = ""
         self._reading_paused = False
         self.writing_paused = False  # our socket to PostgreSQL is above its high-water mark
         # Requests queued by `send_soon`, written together when this round of the event loop
@@ -122,12 +127,20 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             except OSError:
                 pass
         self.on(ServerEvent.CONNECTED)
+        if self.pooler.tls.server.context is not None:
+            self._awaiting_tls_answer = True
+            transport.write(server_login.SSL_REQUEST)  # type: ignore[attr-defined]
+            return
+        self._start_login(None)
+
+    def _start_login(self, channel_binding: bytes | None) -> None:
         creds = self.credentials
         verifier = creds.verifier
         self._login = server_login.login(
             creds.user, self.dbname, self.startup_params, password=creds.password,
             md5_hash=creds.md5_hash, client_key=creds.scram_client_key,
             server_key=verifier.server_key if verifier is not None else None,
+            channel_binding=channel_binding,
         )
         self._login_write(next(self._login))  # StartupMessage
 
@@ -281,6 +294,9 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.transport.write(data)
 
     def _login_data(self, data: bytes) -> None:
+        if self._awaiting_tls_answer:
+            self._tls_answer(data)
+            return
         login = self._login
         if login is None:
             return  # logged in but closing (pooler.server_available): nothing more to read
@@ -299,6 +315,36 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.pooler.server_logged_in(self)
         if self.state is not ServerState.LOGIN and done.rest:
             self._relay(done.rest)
+
+    def _tls_answer(self, data: bytes) -> None:
+        """The server's 'S' or 'N' to the SSLRequest (core/server_login.tls_answer)."""
+        self._awaiting_tls_answer = False
+        tls_config = self.pooler.tls
+        try:
+            start = server_login.tls_answer(data, tls_config.server.sslmode)
+        except ServerLoginError as exc:
+            self._fail_login(exc)
+            return
+        if not start:
+            self._start_login(None)
+            return
+        assert self.transport is not None
+        self.transport.pause_reading()  # the TLS layer reads from here on
+        self.pooler.spawn(tls.connect_server(
+            self, tls_config, self.host, self.pooler.settings.pooler.server_connect_timeout,
+            self._tls_started, self._tls_failed))
+
+    def _tls_started(self, transport: asyncio.Transport, channel_binding: bytes | None) -> None:
+        if self.state is ServerState.CLOSED:
+            transport.close()
+            return
+        self.transport = transport
+        self.tls_info = tls.connection_info(transport)
+        self._start_login(channel_binding)
+
+    def _tls_failed(self, reason: str) -> None:
+        text = f"server TLS handshake failed: {reason}"
+        self._fail_login(ServerLoginError(text, m.error_response(text, "08006", "FATAL")))
 
     def _fail_login(self, exc: ServerLoginError) -> None:
         if not self.ready.done():

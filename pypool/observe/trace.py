@@ -495,6 +495,12 @@ class WireTrace:
 
     def client_read(self, client: Any, data: bytes) -> None:
         label = _label(client)
+        if (label, "pooler") not in self.tracer.streams and data[:1] == b"\x16":
+            # Direct TLS: a ClientHello, not a startup packet; the TLS layer answers it and
+            # what it decrypts comes here next.
+            self.tracer.write(f"{label + ' > pooler':<20} {'TLS ClientHello (direct TLS)':<90} "
+                              "swallowed")
+            return
         login = client.state.name in _LOGIN_STATES
         for kind, body, length in self._stream(label, "pooler", CLIENT, data, startup=True):
             if login or client.admin is not None:
@@ -557,6 +563,11 @@ class WireTrace:
     def server_read(self, server: Any, data: bytes) -> None:
         label = _label(server)
         self.relaying = server
+        if (label, "pooler") not in self.tracer.streams and data in _SSL_ANSWERS:
+            # The answer to the pooler's SSLRequest (server_tls_sslmode), one byte.
+            self.tracer.write(f"{label + ' > pooler':<20} {'SSL answer ' + repr(data):<90} "
+                              "swallowed")
+            return
         login = server.state.name == "LOGIN"
         for kind, body, length in self._stream(label, "pooler", SERVER, data):
             if login:

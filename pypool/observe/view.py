@@ -77,6 +77,8 @@ class ClientSide(Protocol):
     def wait_start(self) -> float: ...
     @property
     def statements(self) -> object | None: ...
+    @property
+    def tls_info(self) -> str: ...
 
 
 class PoolerState(Protocol):
@@ -110,6 +112,8 @@ class PoolerState(Protocol):
     def auth_query_secrets(self) -> Mapping[str, str]: ...
     @property
     def stats_periods(self) -> st.StatsPeriods: ...
+    @property
+    def tls(self) -> Any: ...  # net/tls.Tls: its `handshakes` counts
     # Also read, when present: `txlog`, observe/txlog.py's TxLog or None (off).
 
 
@@ -160,6 +164,7 @@ class ClientInfo:
     link: str  # ptr of the server it holds, "" when none
     application_name: str
     prepared_statements: int
+    tls: str = ""  # PgBouncer's `tls` column: TLSv1.3/TLS_AES_256_GCM_SHA384, "" plaintext
 
 
 @dataclass(frozen=True)
@@ -182,6 +187,7 @@ class ServerInfo:
     remote_pid: int
     application_name: str
     prepared_statements: int
+    tls: str = ""
 
 
 @dataclass(frozen=True)
@@ -248,6 +254,11 @@ class PoolerView:
     @property
     def settings(self) -> Settings:
         return self._pooler.settings
+
+    def tls_handshakes(self) -> dict[tuple[str, str], int]:
+        """TLS handshakes since start by (side, outcome): ("client" or "server", "ok" or
+        "failed")."""
+        return dict(self._pooler.tls.handshakes)
 
     @property
     def paused_all(self) -> bool:
@@ -399,7 +410,7 @@ def _client(client: ClientSide, database: str, now: float, wall: float) -> Clien
         connect_time=client.connect_time + wall, request_time=client.state_since + wall,
         wait_us=wait_us, ptr=_ptr(client), link=_ptr(client.server),
         application_name=client.params.get("application_name", ""),
-        prepared_statements=_prepared_count(client),
+        prepared_statements=_prepared_count(client), tls=client.tls_info,
     )
 
 
@@ -419,7 +430,7 @@ def _servers(pool: Pool, wall: float) -> list[ServerInfo]:
                 close_needed=server in pool.close_needed, ptr=_ptr(server),
                 link=_ptr(server.client), remote_pid=server.backend_pid,
                 application_name=server.params.get("application_name", ""),
-                prepared_statements=_prepared_count(server),
+                prepared_statements=_prepared_count(server), tls=server.tls_info,
             ))
     return found
 

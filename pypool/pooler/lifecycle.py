@@ -132,6 +132,12 @@ def apply_settings(pooler: Pooler, new: Settings) -> None:
         new = dataclasses.replace(new, pooler=dataclasses.replace(new.pooler, **kept))
     pooler.use_settings(new)
     pooler.load_auth()
+    if pooler.tls.reload(new.pooler):
+        # New servers get the new TLS settings; old ones must not keep weaker ones. A login
+        # failure cached under the old settings says nothing about the new ones.
+        for pool in list(pooler.pools.values()):
+            pool.login_error = None
+            tag_dirty(pooler, pool, "obsolete connection (server TLS configuration changed)")
     research.apply(pooler, old.pooler)  # policies; the transaction log reopened (rotation)
     tracing.apply(pooler, old.pooler)
     for pool in list(pooler.pools.values()):

@@ -45,6 +45,7 @@ from ..net.hooks import (
     WireTrace,
 )
 from ..net.server import ServerConnection, ServerLoginError
+from ..net.tls import Tls
 from ..net.unix_socket import UnixSocket
 from ..pooling.pool import Pool, PoolLimits
 from ..pooling.prepared import Registry
@@ -122,6 +123,8 @@ class Pooler:
         # net/ never imports them. None: no console, no metrics (net/hooks.py).
         self.open_console: OpenConsole | None = None
         self.serve_metrics: ServeMetrics | None = None
+        # The TLS contexts in force (net/tls.py), rebuilt by apply_settings.
+        self.tls = Tls(settings.pooler)
         # Research (pooler/research.py): the pools' policies, and the transaction log, opened
         # through the hook cli.py sets (None: off).
         self.policy_factories: research.Factories = research.factories(settings.pooler)

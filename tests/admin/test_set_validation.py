@@ -1,6 +1,7 @@
 """SET and reloads check values as the ini does: a value the ini would refuse (out of range, a
-key pypool does not implement, TLS) is refused with PgBouncer's `SET failed`, or by a reload
-that keeps the running configuration, and the pooler goes on serving with the old value."""
+key pypool does not implement, no TLS mode) is refused with PgBouncer's `SET failed`, or by a
+reload that keeps the running configuration, and the pooler goes on serving with the old
+value."""
 
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def test_set_negative_pool_size_is_refused_and_clients_are_served(bouncer: Poole
         ("SET pool_mode = connection", "pool_mode", "must be one of"),
         ("SET auth_type = hba", "auth_type", "not supported yet"),
         ("SET max_prepared_statements = '1.5'", "max_prepared_statements", "not an integer"),
-        ("SET client_tls_sslmode = 'verify-full'", "client_tls_sslmode",
-         "key client_tls_sslmode is not supported yet"),
+        ("SET client_tls_sslmode = 'verify'", "client_tls_sslmode",
+         "must be one of disable, allow, prefer, require, verify-ca, verify-full"),
     ],
 )
 def test_invalid_set_changes_nothing(operated_pooler: Callable[..., Pooler], command: str,
@@ -86,8 +87,8 @@ def test_valid_set_still_applies(bouncer: Pooler) -> None:
 @pytest.mark.parametrize(
     ("override", "named"),
     [
-        ({"client_tls_sslmode": "require"}, "key client_tls_sslmode is not supported yet"),
-        ({"server_tls_sslmode": "verify-full"}, "key server_tls_sslmode is not supported yet"),
+        ({"client_tls_sslmode": "always"}, "client_tls_sslmode: must be one of"),
+        ({"server_tls_protocols": "sslv3"}, "server_tls_protocols: unknown TLS protocol"),
         ({"default_pool_size": "-1"}, "default_pool_size: must be >= 0"),
     ],
 )

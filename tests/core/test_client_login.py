@@ -128,11 +128,14 @@ def test_ssl_request_is_refused_then_the_startup_message_read() -> None:
     assert not client.sent
 
 
-def test_ssl_request_and_startup_in_one_read() -> None:
-    client = Client(cl.read_startup())
-    first = client.feed(struct.pack("!II", 8, 80877103) + startup_packet({"user": USER}))
-    assert bytes(client.sent) == b"N"
-    assert isinstance(first, cl.FirstPacket) and isinstance(first.packet, StartupMessage)
+def test_ssl_request_and_startup_in_one_read_is_refused() -> None:
+    # Bytes behind an SSLRequest were sent before its answer, so in the clear whatever the
+    # answer (CVE-2021-23222): refused, as PgBouncer refuses them, TLS offered or not.
+    for tls in (cl.NO_TLS, cl.StartupTls(offered=True)):
+        client = Client(cl.read_startup(tls))
+        with pytest.raises(PoolerError, match="^received unencrypted data after SSL request$"):
+            client.feed(struct.pack("!II", 8, 80877103) + startup_packet({"user": USER}))
+        assert not client.sent
 
 
 def test_cancel_request_ends_the_startup() -> None:
@@ -338,3 +341,103 @@ def test_peer_needs_the_same_os_user_and_a_known_user() -> None:
         assert refused.value.message == "unix socket login rejected"
         assert refused.value.sqlstate == errors.INVALID_AUTHORIZATION
         assert refused.value.side is errors.Side.CLIENT
+
+
+# --- TLS: the SSLRequest's answer, require, channel binding, certificates --------------------
+
+SSL_REQUEST = struct.pack("!II", 8, 80877103)
+GSSENC_REQUEST = struct.pack("!II", 8, 80877104)
+
+
+def test_an_offered_ssl_request_is_answered_s_and_starts_tls() -> None:
+    client = Client(cl.read_startup(cl.StartupTls(offered=True)))
+    assert client.feed(SSL_REQUEST) == cl.StartTls()
+    assert bytes(client.sent) == b"S"
+
+
+def test_inside_tls_the_startup_message_is_read() -> None:
+    client = Client(cl.read_startup(cl.StartupTls(active=True)))
+    first = client.feed(startup_packet({"user": USER}))
+    assert isinstance(first, cl.FirstPacket) and isinstance(first.packet, StartupMessage)
+
+
+def test_a_second_ssl_request_inside_tls_is_refused() -> None:
+    client = Client(cl.read_startup(cl.StartupTls(active=True)))
+    with pytest.raises(PoolerError, match="^SSL req inside SSL$"):
+        client.feed(SSL_REQUEST)
+
+
+def test_required_tls_refuses_a_plaintext_startup_but_not_a_cancel() -> None:
+    required = cl.StartupTls(offered=True, required=True)
+    client = Client(cl.read_startup(required))
+    with pytest.raises(PoolerError, match="^SSL required$") as info:
+        client.feed(startup_packet({"user": USER}))
+    assert info.value.sqlstate == errors.PROTOCOL_VIOLATION and info.value.fatal
+    client = Client(cl.read_startup(required))
+    assert client.feed(struct.pack("!IIII", 16, 80877102, 1, 2)) == cl.FirstPacket(
+        CancelRequest(1, 2), b"")
+    # A GSSENCRequest gets 'N' first, and then TLS is still on offer.
+    client = Client(cl.read_startup(required))
+    assert client.feed(GSSENC_REQUEST) is None
+    assert client.feed(SSL_REQUEST) == cl.StartTls()
+    assert bytes(client.sent) == b"NS"
+
+
+def test_bytes_behind_a_gssenc_request_are_refused() -> None:
+    client = Client(cl.read_startup())
+    with pytest.raises(PoolerError, match="after GSSAPI encryption request$"):
+        client.feed(GSSENC_REQUEST + startup_packet({"user": USER}))
+
+
+def test_over_tls_scram_sha_256_plus_is_offered_first() -> None:
+    client = Client(cl.password_exchange(USER, str(VERIFIER), "scram-sha-256", 1 << 20,
+                                         b"\x01" * 32))
+    code, payload = auth_code(client.replies()[0])
+    assert code == m.AUTH_SASL
+    assert m.parse_sasl_mechanisms(payload) == ["SCRAM-SHA-256-PLUS", MECHANISM]
+
+
+def test_plus_is_refused_without_tls() -> None:
+    client = exchange(str(VERIFIER))
+    client.replies()
+    with pytest.raises(PoolerError, match="SASL authentication failed"):
+        client.feed(sasl_initial(b"p=tls-server-end-point,,n=,r=abc",
+                                 mechanism="SCRAM-SHA-256-PLUS"))
+
+
+def test_a_downgrade_is_28000() -> None:
+    client = Client(cl.password_exchange(USER, str(VERIFIER), "scram-sha-256", 1 << 20,
+                                         b"\x01" * 32))
+    client.replies()
+    with pytest.raises(PoolerError, match="negotiation error") as info:
+        client.feed(sasl_initial(b"y,,n=,r=abc"))
+    assert info.value.sqlstate == errors.INVALID_AUTHORIZATION
+
+
+@pytest.mark.parametrize(("secret", "tls", "names", "problem"), [
+    ("x", True, (USER,), None),
+    ("x", True, ("someone", USER), None),
+    ("x", False, None, "TLS connection required"),
+    ("x", True, None, "TLS client certificate required"),
+    (None, True, (USER,), "unknown user"),
+    ("x", True, ("someone",), "TLS certificate name mismatch"),
+])
+def test_certificate_login(secret: str | None, tls: bool, names: tuple[str, ...] | None,
+                           problem: str | None) -> None:
+    assert cl.cert_login_problem(USER, secret, tls, names) == problem
+
+
+CLIENT_HELLO = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
+
+
+def test_a_client_hello_first_is_direct_tls_when_offered() -> None:
+    client = Client(cl.read_startup(cl.StartupTls(offered=True, required=True)))
+    assert client.feed(CLIENT_HELLO) == cl.StartTls(CLIENT_HELLO)
+    assert not client.sent  # no 'S': there was no SSLRequest to answer
+
+
+def test_a_client_hello_without_tls_is_a_bad_packet() -> None:
+    for tls in (cl.NO_TLS, cl.StartupTls(active=True)):
+        client = Client(cl.read_startup(tls))
+        with pytest.raises(PoolerError, match="bad packet header"):
+            client.feed(CLIENT_HELLO)

@@ -181,3 +181,58 @@ def test_what_cannot_be_followed(data: bytes, text: str) -> None:
     with pytest.raises(sl.ServerLoginError, match=f"server login failed: {text}"):
         login.feed(data)
 
+
+
+# --- TLS: the SSLRequest's answer, SCRAM-SHA-256-PLUS ----------------------------------------
+
+
+@pytest.mark.parametrize(("answer", "mode", "start"), [
+    (b"S", "prefer", True), (b"S", "verify-full", True),
+    (b"N", "allow", False), (b"N", "prefer", False),
+])
+def test_the_ssl_answer(answer: bytes, mode: str, start: bool) -> None:
+    assert sl.tls_answer(answer, mode) is start
+
+
+@pytest.mark.parametrize(("answer", "mode", "text"), [
+    (b"N", "require", "server refused SSL"),
+    (b"N", "verify-ca", "server refused SSL"),
+    (b"E", "prefer", "bad sslreq answer"),
+    (b"S" + m.ready_for_query(), "prefer", "received unencrypted data after SSL response"),
+    (b"N" + m.ready_for_query(), "prefer", "received unencrypted data after SSL response"),
+])
+def test_what_the_ssl_answer_refuses(answer: bytes, mode: str, text: str) -> None:
+    with pytest.raises(sl.ServerLoginError, match=f"^{text}$") as info:
+        sl.tls_answer(answer, mode)
+    assert info.value.error == m.error_response(text, "08006", "FATAL")
+
+
+def test_the_ssl_request_is_postgresqls() -> None:
+    assert sl.SSL_REQUEST == b"\x00\x00\x00\x08\x04\xd2\x16\x2f"
+
+
+OFFER_BOTH = auth(m.AUTH_SASL, m.cstring("SCRAM-SHA-256-PLUS") + m.cstring(MECHANISM) + b"\x00")
+
+
+@pytest.mark.parametrize(("binding", "offer", "mechanism"), [
+    (b"\x01" * 32, OFFER_BOTH, "SCRAM-SHA-256-PLUS"),
+    (None, OFFER_BOTH, MECHANISM),  # no binding to give (a certificate without one)
+    (b"\x01" * 32, auth(m.AUTH_SASL, m.cstring(MECHANISM) + b"\x00"), MECHANISM),
+])
+def test_plus_when_offered_and_bound(binding: bytes | None, offer: bytes,
+                                     mechanism: str) -> None:
+    login = Login(password=PASSWORD, channel_binding=binding)
+    login.replies()
+    login.feed(offer)
+    [(kind, body)] = login.replies()
+    chosen, first = m.parse_sasl_initial_response(body)
+    assert chosen == mechanism
+    assert first is not None
+    assert first.startswith(b"p=tls-server-end-point,," if mechanism != MECHANISM else b"n,,")
+
+
+def test_an_error_before_tls_is_the_servers_own() -> None:
+    error = m.error_response("sorry, too many clients already", "53300", "FATAL")
+    with pytest.raises(sl.ServerLoginError, match="^sorry, too many clients already$") as info:
+        sl.tls_answer(error, "require")
+    assert info.value.error == error

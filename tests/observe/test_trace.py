@@ -254,3 +254,22 @@ def test_wire_trace_a_whole_injected_request_is_not_the_clients() -> None:
         ("C-1 > S-2", "Execute", "forwarded"),
         ("C-1 > S-2", "Sync", "forwarded"),
     ]
+
+
+def test_wire_trace_tls_answers_keep_the_streams_in_step() -> None:
+    out: list[str] = []
+    trace = WireTrace(Tracer(out.append))
+    client = FakeClient(1)
+    server = FakeServer(2, client)
+    client.state = _State("STARTUP")
+    trace.client_read(client, b"\x16\x03\x01\x02\x00")  # a direct TLS ClientHello
+    trace.client_read(client, m.startup_message({"user": "app", "database": "app"}))
+    server.state = _State("LOGIN")
+    trace.server_read(server, b"N")  # the server's answer to the pooler's SSLRequest
+    trace.server_read(server, m.authentication(m.AUTH_OK))
+    assert actions(out) == [
+        ("C-1 > pooler", "TLS", "swallowed"),
+        ("C-1 > pooler", "StartupMessage", "swallowed"),
+        ("S-2 > pooler", "SSL", "swallowed"),
+        ("S-2 > pooler", "AuthenticationOk", "swallowed"),
+    ]

@@ -1,0 +1,123 @@
+"""The TLS contexts net/tls.py builds from the settings, their refusals with PgBouncer's
+texts, and reload keeping what is in force when a file is bad."""
+
+from __future__ import annotations
+
+import dataclasses
+import ssl
+from pathlib import Path
+
+import pytest
+
+from pypool.net import tls
+from pypool.settings import PoolerSettings, SettingsError
+from tests.integration.tls_ca import Certificates, certs
+
+pytestmark = pytest.mark.timeout(30)
+__all__ = ["certs"]
+
+
+def client_cfg(certs: Certificates, mode: str = "require", **more: object) -> PoolerSettings:
+    return PoolerSettings(client_tls_sslmode=mode, client_tls_cert_file=str(certs.server.cert),
+                          client_tls_key_file=str(certs.server.key),
+                          client_tls_ca_file=str(certs.ca.root), **more)  # type: ignore[arg-type]
+
+
+def test_the_defaults_are_pgbouncers() -> None:
+    found = tls.Tls(PoolerSettings())
+    assert found.client.context is None
+    assert found.server.sslmode == "prefer" and found.server.context is not None
+    assert found.server.context.verify_mode == ssl.CERT_NONE
+
+
+def test_disable_builds_no_context() -> None:
+    found = tls.Tls(PoolerSettings(server_tls_sslmode="disable"))
+    assert found.client.context is None and found.server.context is None
+    assert found.client.startup(over_unix_socket=False) == tls.StartupTls()
+
+
+@pytest.mark.parametrize(("mode", "verify", "required"), [
+    ("allow", ssl.CERT_OPTIONAL, False), ("prefer", ssl.CERT_OPTIONAL, False),
+    ("require", ssl.CERT_OPTIONAL, True), ("verify-ca", ssl.CERT_REQUIRED, True),
+    ("verify-full", ssl.CERT_REQUIRED, True),
+])
+def test_client_modes(certs: Certificates, mode: str, verify: ssl.VerifyMode,
+                      required: bool) -> None:
+    found = tls.client_tls(client_cfg(certs, mode))
+    assert found.context is not None and found.context.verify_mode == verify
+    assert found.startup(over_unix_socket=False) == tls.StartupTls(offered=True,
+                                                                   required=required)
+    assert found.startup(over_unix_socket=True) == tls.StartupTls()
+    assert found.channel_binding is not None and len(found.channel_binding) == 32
+    assert found.context.minimum_version == ssl.TLSVersion.TLSv1_2
+
+
+def test_without_a_ca_file_a_client_certificate_is_not_asked_for(certs: Certificates) -> None:
+    found = tls.client_tls(dataclasses.replace(client_cfg(certs), client_tls_ca_file=""))
+    assert found.context is not None and found.context.verify_mode == ssl.CERT_NONE
+
+
+@pytest.mark.parametrize(("changes", "text"), [
+    ({"client_tls_key_file": ""}, "To allow TLS connections from clients, client_tls_key_file "
+                                  "and client_tls_cert_file must be set."),
+    ({"client_tls_sslmode": "verify-full", "client_tls_ca_file": ""},
+     "client_tls_sslmode requires client_tls_ca_file"),
+    ({"auth_type": "cert"}, "auth_type=cert requires client_tls_sslmode=verify-full"),
+    ({"auth_type": "cert", "client_tls_sslmode": "verify-full", "client_tls_ca_file": ""},
+     "auth_type=cert requires client_tls_ca_file"),
+    ({"client_tls_ciphers": "NOSUCHCIPHER"}, "invalid client_tls_ciphers: NOSUCHCIPHER"),
+    ({"client_tls_protocols": "tlsv1.1,tlsv1.3"}, "a gap between versions"),
+    ({"client_tls_protocols": "!tlsv1.2,!tlsv1.3"}, "no version left"),
+    ({"client_tls13_ciphers": "TLS_AES_128_GCM_SHA256"}, "cannot narrow the TLS 1.3"),
+    ({"client_tls13_ciphers": "NOPE"}, "invalid client_tls13_ciphers: NOPE"),
+    ({"client_tls_ecdhcurve": "P-256:P-384"}, "takes one curve"),
+    ({"client_tls_ecdhcurve": "nosuchcurve"}, "invalid client_tls_ecdhcurve"),
+    ({"client_tls_dheparams": "/etc/dh.pem"}, "invalid client_tls_dheparams"),
+    ({"client_tls_cert_file": "/nonexistent.crt"},
+     "invalid client_tls_cert_file: /nonexistent.crt: no such file"),
+    ({"client_tls_ca_file": "/nonexistent-ca.crt"}, "invalid client_tls_ca_file"),
+])
+def test_client_refusals(certs: Certificates, changes: dict[str, str], text: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        tls.client_tls(dataclasses.replace(client_cfg(certs), **changes))  # type: ignore[arg-type]
+    assert text in str(info.value)
+
+
+def test_protocols_and_ciphers(certs: Certificates) -> None:
+    found = tls.client_tls(client_cfg(certs, client_tls_protocols="tlsv1.3",
+                                      client_tls_ciphers="fast", client_tls_ecdhcurve="P-256"))
+    assert found.context is not None
+    assert found.context.minimum_version == found.context.maximum_version == \
+        ssl.TLSVersion.TLSv1_3
+    assert found.curve == "prime256v1"
+    every = tls.client_tls(client_cfg(certs, client_tls_protocols="all:!tlsv1.0"))
+    assert every.context is not None
+    assert every.context.minimum_version == ssl.TLSVersion.TLSv1_1
+
+
+@pytest.mark.parametrize(("mode", "verify", "hostname"), [
+    ("allow", ssl.CERT_NONE, False), ("prefer", ssl.CERT_NONE, False),
+    ("require", ssl.CERT_NONE, False), ("verify-ca", ssl.CERT_REQUIRED, False),
+    ("verify-full", ssl.CERT_REQUIRED, True),
+])
+def test_server_modes(certs: Certificates, mode: str, verify: ssl.VerifyMode,
+                      hostname: bool) -> None:
+    found = tls.server_tls(PoolerSettings(server_tls_sslmode=mode,
+                                          server_tls_ca_file=str(certs.ca.root)))
+    assert found.context is not None
+    assert (found.context.verify_mode, found.context.check_hostname) == (verify, hostname)
+
+
+def test_reload_keeps_the_contexts_in_force_on_a_bad_file(
+        certs: Certificates, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cfg = client_cfg(certs)
+    found = tls.Tls(cfg)
+    before = found.client
+    assert not found.reload(dataclasses.replace(cfg, client_tls_key_file=str(tmp_path / "gone")))
+    assert found.client is before
+    assert "TLS setup failed, keeping the TLS configuration in force" in caplog.text
+    # A good reload replaces the client context; the server side is unchanged: no recycling.
+    assert found.reload(cfg) is False
+    assert found.client is not before
+    assert found.reload(dataclasses.replace(cfg, server_tls_sslmode="require")) is True
+    assert found.server.context is not None
