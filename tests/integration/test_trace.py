@@ -190,6 +190,8 @@ def test_the_console_switch_traces_one_client(pooler: PoolerFactory) -> None:
                for row in rows}
         cur = admin.execute(f"TRACE {ids['traced']} on")
         assert cur.statusmessage == "TRACE 1"
+        state = dict(admin.execute("SHOW STATE").fetchall())
+        assert state["trace_clients"] == str(ids["traced"])
         traced.execute("SELECT 'traced-one'")
         quiet.execute("SELECT 'quiet-one'")
         lines = until(p, lambda ls: any("traced-one" in line[2] for line in ls))
