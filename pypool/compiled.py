@@ -41,6 +41,7 @@ HOT_MODULES = (
     "pypool.core.client_login",
     "pypool.core.server_login",
     "pypool.pooling.params",
+    "pypool.pooling.session_state",
     "pypool.pooling.pool",
     "pypool.pooling.stats",
     "pypool.pooling.prepared",

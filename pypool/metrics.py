@@ -230,6 +230,12 @@ class PoolerCollector(Collector):
              "Prepared statements closed to stay under max_prepared_statements"),
             ("pipelined_transactions", "pipelined_count", 1,
              "Transactions queued on a busy server behind another client's (pipeline_depth)"),
+            ("session_pinned_clients", "session_pinned", 1,
+             "Clients pinned to their server by session state (session_state = follow)"),
+            ("session_refused_statements", "session_refused", 1,
+             "Statements that change session state refused (session_state = reject)"),
+            ("session_synced_links", "session_synced", 1,
+             "Links that first made or undid settings following their clients"),
         )
         for name, field, scale, text in counters:
             family = CounterMetricFamily(f"pypool_{name}", text, labels=POOL_LABELS)

@@ -28,6 +28,8 @@ from .pooling import policies
 log = logging.getLogger("pypool.settings")
 
 POOL_MODES = ("session", "transaction", "statement")
+# What transaction mode does with session state (docs/session-state.md).
+SESSION_STATE_POLICIES = ("follow", "reject", "ignore")
 AUTH_TYPES = ("scram-sha-256", "md5", "plain", "trust", "any", "peer", "cert")
 # PgBouncer's auth types that pypool refuses: they need an hba file.
 UNSUPPORTED_AUTH_TYPES = ("hba",)
@@ -163,6 +165,7 @@ class PoolerSettings:
     max_prepared_statements: int = 200
     max_client_prepared_statements: int = 10000
     pipeline_depth: int = 0
+    session_state: str = "follow"
     query_wait_timeout: float = 120.0
     query_wait_notify: float = 5.0
     query_timeout: float = 0.0
@@ -260,6 +263,7 @@ class DatabaseEntry:
     reserve_pool_size: int | None = None
     max_db_connections: int | None = None
     pool_mode: str | None = None
+    session_state: str | None = None
     auth_user: str = ""
     application_name: str = ""
     client_encoding: str = ""
@@ -365,6 +369,8 @@ def _check(key: str, value: object) -> None:
             raise ValueError(f"must be {allowed}, not {value}")
     elif key == "pool_mode" and value not in POOL_MODES:
         raise ValueError(f"must be one of {', '.join(POOL_MODES)}, not {value!r}")
+    elif key == "session_state" and value not in SESSION_STATE_POLICIES:
+        raise ValueError(f"must be one of {', '.join(SESSION_STATE_POLICIES)}, not {value!r}")
     elif key == "queue_policy":
         policies.queue_factory(str(value))
     elif key == "server_policy":

@@ -175,13 +175,17 @@ _SOCKET_COLUMNS = (
     "request_time wait wait_us close_needed ptr link remote_pid tls application_name "
     "prepared_statements id"
 )
+# SHOW CLIENTS adds, last, pypool's `pinned`: why a client keeps its server after its
+# transactions (docs/session-state.md); "" for the others.
+_CLIENT_TYPES = _SOCKET_TYPES + "s"
+_CLIENT_COLUMNS = _SOCKET_COLUMNS + " pinned"
 
 
 def _client_row(c: ClientInfo) -> tuple[Any, ...]:
     return ("C", c.user, c.database, "none", c.state, c.addr, c.port, c.local_addr,
             c.local_port, c.connect_time, c.request_time, c.wait_us // 1_000_000,
             c.wait_us % 1_000_000, 0, c.ptr, c.link, 0, c.tls, c.application_name,
-            c.prepared_statements, c.id)
+            c.prepared_statements, c.id, c.pinned)
 
 
 def _server_row(s: ServerInfo) -> tuple[Any, ...]:
@@ -201,7 +205,7 @@ def show_clients(view: PoolerView) -> ResultSet:
     for _database, clients in groups:
         rows.extend(_client_row(c) for c in clients if c.state != "waiting")
         rows.extend(_client_row(c) for c in clients if c.state == "waiting")
-    return result(_SOCKET_TYPES, _SOCKET_COLUMNS, rows)
+    return result(_CLIENT_TYPES, _CLIENT_COLUMNS, rows)
 
 
 def show_servers(view: PoolerView) -> ResultSet:

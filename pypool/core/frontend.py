@@ -10,6 +10,11 @@ sent and returns the bytes to send on to its server (or to keep until one is ass
   (`skip`). A message the ledger says to drop is dropped, in pieces too (`drop`).
 - Counting. Every message is told to the client's FrontendLedger (core/ledger.py), which
   knows what the client is owed and so when its server may go back to the pool.
+- Session state. When `watch` is on (transaction mode, session_state follow or reject),
+  each simple Query and Parse is read whole and its text's first byte(s) looked at
+  (pooling/session_state.py); the few that pass are classified. What they change is left in
+  `changes` for the caller; with `reject` the statement is replaced by one that fails in its
+  place (`refused` names it).
 - Rewriting. When prepared statements are rewritten (`rewriting`, pooling/prepared/), the
   messages that name a statement are read whole and rewritten by the linked server's
   ServerStatements. With no server yet, whole messages are kept and rewritten at the link
@@ -32,6 +37,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from ..pooling import prepared
+from ..pooling import session_state as ss
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
@@ -55,6 +61,7 @@ _FLUSH: Final = lg.FLUSH
 _TERMINATE: Final = lg.TERMINATE
 _COPY_MESSAGE: Final = lg.COPY_MESSAGE
 _QUERY: Final = m.QUERY
+_PARSE: Final = m.PARSE
 _SYNC: Final = m.SYNC
 # Prepared statements: what the rewriting reads whole, and the requests it queues.
 _WHOLE: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.QUERY)
@@ -80,6 +87,11 @@ class RequestReader:
         self.terminated = False
         self.error: PoolerError | None = None
         self.segment_end = 0
+        # Session state (module docstring): statements looked at, refused, what they change.
+        self.watch = False
+        self.reject = ""  # the pool_mode named in a refusal; "" when nothing is refused
+        self.changes: list[ss.Command] = []
+        self.refused: list[ss.Command] = []
 
     def idle(self) -> bool:
         """Nothing half-read and nothing waiting: the next byte starts a message."""
@@ -139,6 +151,7 @@ class RequestReader:
         admin = self.admin
         max_packet = self.max_packet
         rewriting = self.rewriting
+        watch = self.watch
         # Messages to rewrite are read whole (so are all messages while there is no server);
         # `parts` collects the rewritten bytes up to `start`, `done` what is ready before
         # a dropped message.
@@ -151,6 +164,21 @@ class RequestReader:
             if size < 5 or size > max_packet:
                 self.error = errors.ClientProtocolError(f"invalid packet length {size - 1}")
                 return self._ending(done, data, pos, parts, start)
+            found: list[ss.Command] | None = None
+            if watch and (kind == _QUERY or kind == _PARSE):
+                end = pos + size
+                if end > n:
+                    break  # read whole: its text may change session state
+                found = ss.look(kind, data, pos, end)
+                if found:
+                    refused = next((c for c in found if c.kind in ss.CREATES), None)
+                    if refused is not None and self.reject:
+                        # Failed in its place by PostgreSQL: the statement itself never runs.
+                        new = ss.refused_message(kind, data, pos, end,
+                                                 ss.refusal(refused, self.reject))
+                        data = data[:pos] + new + data[end:]
+                        n, size, found = len(data), len(new), None
+                        self.refused.append(refused)
             if rewriting:
                 end = pos + size
                 if end > n and (st is None or _WHOLE[kind] or st.discarding):
@@ -171,6 +199,8 @@ class RequestReader:
                             parts.append(data[start:pos])
                         parts.append(out)  # type: ignore[arg-type]
                         start = end
+            if found:
+                self.changes.extend(found)
             action = _ACTION[kind]
             if action == _OPENS_SEGMENT:
                 ledger.segment()

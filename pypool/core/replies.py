@@ -56,6 +56,10 @@ _COMMAND_COMPLETE: Final = m.COMMAND_COMPLETE
 _DATA_ROW: Final = m.DATA_ROW
 _COPY_DATA: Final = m.COPY_DATA
 _TX_IDLE: Final = m.TX_IDLE
+# Reported settings no SET can give a client back: they follow it, if at all, through the
+# statements that made them (pooling/session_state.py: SET SESSION AUTHORIZATION).
+_NOT_SETTABLE: Final = frozenset({"is_superuser", "session_authorization", "server_version",
+                                  "server_encoding", "integer_datetimes", "in_hot_standby"})
 
 
 class ReplyReader:
@@ -254,12 +258,13 @@ class ReplyReader:
         errs = self.stats.errors
         errs["server"] = errs.get("server", 0) + 1
         if self.frontend is not None:
+            self.frontend.errors += 1
             self.frontend.copy_failed()
 
     def _parameter_status(self, body: bytes) -> None:
         name, value = m.parse_parameter_status(body)
         self.params[name] = value
-        if self.client_params is not None:
+        if self.client_params is not None and name not in _NOT_SETTABLE:
             self.client_params[name] = value
 
     def _hidden_message(self, kind: int, body: bytes) -> int:

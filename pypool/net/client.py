@@ -28,7 +28,8 @@ from ..core.exchange import advance
 from ..core.frontend import RequestReader
 from ..core.states import ClientEvent, ClientState, client_transition
 from ..pooling import prepared
-from ..pooling.params import canonical_name, same_encoding
+from ..pooling import session_state as ss
+from ..pooling.params import TRACKED, canonical_name, same_encoding
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
@@ -99,6 +100,9 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         # Prepared-statement rewriting (None when off: session mode, max_prepared_statements
         # = 0, the admin console).
         self.statements: prepared.ClientStatements | None = None
+        # The session state that follows or pins it (transaction mode, session_state =
+        # follow; pooling/session_state.py); None when it is not looked at.
+        self.session: ss.ClientSession | None = None
         # The login (core/client_login.py): the startup packet's exchange, what the client
         # sends between its StartupMessage and start_auth(), then the password exchange.
         self._startup: Generator[bytes, bytes, FirstPacket | StartTls] = (
@@ -363,6 +367,15 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                 self.pooler.statement_registry, cfg.max_client_prepared_statements
             )
             self.reader.rewriting = True
+        if pool is not None and self.admin is None and pool.limits.pool_mode == "transaction":
+            policy = pool.limits.session_state
+            self.reader.watch = policy != "ignore"
+            if policy == "reject":
+                self.reader.reject = "transaction"
+            elif policy == "follow":
+                extra = self.pooler.settings.pooler.track_extra_parameters
+                self.session = ss.ClientSession(frozenset(
+                    name.lower().encode() for name in (*TRACKED, *extra)))
         self.carry_on()
 
     # --- the hot path: client to server (framing, counting, rewriting: core/frontend.py) ---
@@ -374,6 +387,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         st = server.statements if server is not None and self.statements is not None else None
         reader = self.reader
         out = reader.feed(data, st, server is not None)
+        if reader.changes or reader.refused:
+            self._session_changed()
         if reader.began:
             self.query_start = self.pooler.now()
             if self.tx_status == m.TX_IDLE:
@@ -399,10 +414,41 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         a whole transaction that ends at its Sync (net/pipeline.py); send what the pooler
         answers itself when it is the client's turn."""
         ledger = self.ledger
-        if ledger.pending == 1 and not ledger.unsynced and st.last_neutral is not False:
+        session = self.session
+        if (ledger.pending == 1 and not ledger.unsynced and st.last_neutral is not False
+                and (session is None or not (session.pins or session.pending))):
             self.pooler.pipeline(server)
         if st.tracking == 2 and server.client is self and server.at_message_boundary():
             self.write(st.emit_synthetic())
+
+    def _session_changed(self) -> None:
+        """The reader saw statements that change session state (pooling/session_state.py):
+        refused ones are counted and logged; the others are told to the client's record."""
+        reader = self.reader
+        assert self.pool is not None
+        stats = self.pool.stats
+        for command in reader.refused:
+            stats.session_refused += 1
+            log.info("%r: refused %s (session_state = reject)", self, ss.label(command))
+        reader.refused.clear()
+        if reader.changes and self.session is not None:
+            server = self.server
+            self.session.sent(reader.changes, server.session_sets if server else None)
+        reader.changes.clear()
+
+    def _pinned(self, session: ss.ClientSession) -> None:
+        """The client keeps its server after its transaction: say so the first time."""
+        if session.noticed:
+            return
+        session.noticed = True
+        why = session.pinned()
+        assert self.pool is not None
+        self.pool.stats.session_pinned += 1
+        log.info("%r: pinned to its server (%s) until that state is gone", self, why)
+        # Right after the ReadyForQuery: a message boundary, and libpq takes the notice then.
+        self.write(m.notice_response(
+            f"pypool: this connection keeps its server until the session state is gone "
+            f"({why})"))
 
     def _forward(self, data: bytes) -> None:
         server = self.server
@@ -507,6 +553,13 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                 # The count of replies owed may be wrong (core/ledger.py): never hand it on.
                 server.close("reply bookkeeping in doubt after a failed COPY")
             return
+        session = self.session
+        if session is not None and server is not None and (
+                session.pending or session.pins or self.ledger.errors != session.errors_seen):
+            session.ready(status, self.ledger.errors, server.session_sets)
+            if verdict == backend.RELEASE and session.pins:
+                verdict = backend.SESSION_XACT  # pinned: keeps its server, as in session mode
+                self._pinned(session)
         now = self.pooler.now()
         stats.query_time_us += int((now - self.query_start) * 1e6)
         self.state_since = now

@@ -75,6 +75,7 @@ from typing import TYPE_CHECKING, Final
 from ..core.states import ClientEvent, ClientState
 from ..pooling.params import covers
 from ..pooling.prepared.guard import FAILED, PENDING, SKIPPED, Guard
+from ..pooling.session_state import sync_statements
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 
@@ -179,6 +180,9 @@ def can_follow_any(server: ServerConnection) -> bool:
     st = server.statements
     return not (last is None or last.ledger.pending != 1 or last.ledger.unsynced
                 or last.ledger.copy
+                # A statement that changes session state is never neutral: the client may
+                # keep the server, and the next one must find its settings made first.
+                or (last.session is not None and last.session.busy())
                 or last.tx_status != m.TX_IDLE or not _reader_free(last)
                 or server.hidden_syncs or server.close_reason or not st.neutral_tail()
                 or st.undoable or st.blocked or st.discarding)
@@ -201,6 +205,10 @@ def can_follow(server: ServerConnection, client: ClientConnection) -> bool:
     if server.pooler.settings.pooler.query_wait_timeout and not guardable(client):
         return False
     # No SET may be needed for it: a hidden query's replies would be mistaken for the others'.
+    session = client.session
+    if session is not None and (session.busy() or (session.sets or server.session_sets)
+                                and sync_statements(server.session_sets, session.sets)):
+        return False
     return covers(server.params, client.params)
 
 

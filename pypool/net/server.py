@@ -28,6 +28,7 @@ from ..core.server_login import LoggedIn, ServerLoginError
 from ..core.states import ServerEvent, ServerState, server_transition
 from ..pooling import prepared
 from ..pooling.params import covers, set_statements
+from ..pooling.session_state import SESSION_SETTINGS
 from ..protocol import messages as m
 from . import tls
 from .flow_control import ReadingSwitch
@@ -90,6 +91,9 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.reader = replies.ReplyReader(self.statements, pool.stats)
         self.backend = self.reader.backend
         self.params = self.reader.params
+        # The settings clients made here that follow them (pooling/session_state.py): name ->
+        # the statement that made it, None when unsure. Undone before anyone else runs here.
+        self.session_sets: dict[bytes, bytes | None] = {}
         self.close_reason = ""
         self.reader.name = repr(self)
         self.local_port = 0
@@ -244,17 +248,19 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             reader.client_params = client.params
             reader.statement_mode = self.pool.limits.pool_mode == "statement"
 
-    def prepare_for(self, client: ClientConnection, check_query: str) -> None:
+    def prepare_for(self, client: ClientConnection, check_query: str,
+                    session_sql: bytes = b"") -> None:
         """What must succeed before `client`'s requests may go: `check_query` (if any),
-        then a SET of the parameters whose values differ from the client's. The pooler is
+        then a SET of the parameters whose values differ from the client's, and
+        `session_sql`, which gives this server the client's other settings. The pooler is
         told how it went (parameters_applied, check_failed, parameters_failed)."""
         self.setting_for = client
         if check_query:
             self.send_hidden_query(check_query, HIDDEN_CHECK)
-        if not covers(self.params, client.params):
-            self.send_parameters(client)
+        if session_sql or not covers(self.params, client.params):
+            self.send_parameters(client, session_sql)
 
-    def send_parameters(self, client: ClientConnection) -> None:
+    def send_parameters(self, client: ClientConnection, session_sql: bytes = b"") -> None:
         """SET the parameters whose values differ from the linked `client`'s. Its requests
         wait for the reply (pooler.parameters_applied): if the SET fails, they must not run
         under the wrong client_encoding or TimeZone.
@@ -267,8 +273,13 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         wanted = client.params
         names = [name for name, value in wanted.items() if self.params.get(name) != value]
         self.setting_for = client
+        sql = set_statements(wanted, self.params).encode()
+        if session_sql:
+            names.append(SESSION_SETTINGS)  # so the SET is judged even with no name above
+            # The other client's settings undone and this one's made, then the tracked ones.
+            sql = b"; ".join([part for part in (session_sql, sql) if part])
         self.backend.parameters(names)
-        self.send(m.query(set_statements(wanted, self.params)), True)
+        self.send(m.message(m.QUERY, sql + b"\x00"), True)
 
     # --- login ----------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from ..pooling import stats as st
 from ..pooling.pool import Pool
+from ..pooling.session_state import ClientSession
 from ..settings import DatabaseEntry, Settings
 
 ADMIN_DB = "pgbouncer"  # the console's database, and its pool pgbouncer/pgbouncer
@@ -37,7 +38,8 @@ _LINKED = "ACTIVE"  # holding a server right now
 _CLOSED = "CLOSED"
 
 # PoolStats counters beyond PgBouncer's eleven (stats.COUNTERS), for pypool's own metrics.
-EXTRA_COUNTERS = ("pipelined_count", "prepared_hits", "prepared_misses", "prepared_evictions")
+EXTRA_COUNTERS = ("pipelined_count", "prepared_hits", "prepared_misses", "prepared_evictions",
+                  "session_pinned", "session_refused", "session_synced")
 
 
 # --- what the view reads: the pooler's shape, not its class -------------------------------
@@ -79,6 +81,8 @@ class ClientSide(Protocol):
     def statements(self) -> object | None: ...
     @property
     def tls_info(self) -> str: ...
+    @property
+    def session(self) -> ClientSession | None: ...
 
 
 class PoolerState(Protocol):
@@ -165,6 +169,7 @@ class ClientInfo:
     application_name: str
     prepared_statements: int
     tls: str = ""  # PgBouncer's `tls` column: TLSv1.3/TLS_AES_256_GCM_SHA384, "" plaintext
+    pinned: str = ""  # why it keeps its server after its transactions (session_state.py)
 
 
 @dataclass(frozen=True)
@@ -422,6 +427,7 @@ def _client(client: ClientSide, database: str, now: float, wall: float) -> Clien
         wait_us=wait_us, ptr=_ptr(client), link=_ptr(client.server),
         application_name=client.params.get("application_name", ""),
         prepared_statements=_prepared_count(client), tls=client.tls_info,
+        pinned=client.session.pinned() if client.session is not None else "",
     )
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Final
 from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
 from ..net import pipeline
 from ..pooling.params import covers
+from ..pooling.session_state import sync_statements
 from ..protocol import errors
 from ..protocol.errors import PoolerError
 
@@ -89,12 +90,23 @@ def link(pooler: Pooler, client: ClientConnection, server: ServerConnection) -> 
     pool.stats.server_assignment_count += 1
     if client.writing_paused or server.writing_paused:
         carry_back_pressure(client, server)
-    if check or not covers(server.params, client.params):
+    # The settings that follow their clients (pooling/session_state.py): the last client's
+    # undone and this one's made, only where they differ.
+    session = client.session
+    sync = b""
+    if session is not None and (session.sets or server.session_sets):
+        sync = sync_statements(server.session_sets, session.sets)
+        if sync:
+            pool.stats.session_synced += 1
+            server.session_sets = session.on_server()
+    if check or sync or not covers(server.params, client.params):
         # What the client sent waits for the check's and the SET's replies
         # (parameters_applied, check_failed, parameters_failed).
         client.reader.blocked = True
-        server.prepare_for(client, check)
+        server.prepare_for(client, check, sync)
         return
+    if session is not None and session.pending:
+        server.session_sets = session.on_server()
     _send_outbox(pooler, client, server)
 
 

@@ -47,6 +47,7 @@ from ..net.hooks import (
 from ..net.server import ServerConnection, ServerLoginError
 from ..net.tls import Tls
 from ..net.unix_socket import UnixSocket
+from ..pooling import session_state as ss
 from ..pooling.pool import Pool, PoolLimits
 from ..pooling.prepared import Registry
 from ..pooling.stats import StatsPeriods
@@ -172,6 +173,7 @@ class Pooler:
             reserve_pool_timeout=cfg.reserve_pool_timeout,
             pool_mode=str(pick(user_entry.pool_mode if user_entry else None, entry.pool_mode,
                                cfg.pool_mode)),
+            session_state=str(pick(entry.session_state, cfg.session_state)),
         )
 
     def pool_for(self, database: str, user: str) -> Pool | None:
@@ -522,6 +524,16 @@ class Pooler:
                      and server.setting_for is not client and not server.checking)
             if clean and not server.statements.detach():
                 clean = False  # prepared-statement replies still owed: see release()
+            why = "client disconnected with a transaction or query in progress"
+            session = client.session
+            if clean and session is not None and session.pins:
+                # Pinned (pooling/session_state.py): what pinned it goes before anyone else
+                # has the server; a LOADed library cannot be unloaded.
+                if ss.LOAD in session.pins:
+                    clean, why = False, "its client LOADed a library, which stays loaded"
+                else:
+                    server.send_hidden_query("DISCARD ALL")
+                    server.session_sets.clear()
             if clean:
                 cfg = self.settings.pooler
                 assert pool is not None
@@ -531,7 +543,7 @@ class Pooler:
                     server.send_hidden_query(cfg.server_reset_query)
                 linking.server_available(self, server)
             else:
-                server.close("client disconnected with a transaction or query in progress")
+                server.close(why)
         if client.statements is not None:
             client.statements.close()
         if self.settings.pooler.log_disconnections and client.user:

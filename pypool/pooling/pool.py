@@ -32,6 +32,9 @@ class PoolLimits:
     reserve_pool_size: int
     reserve_pool_timeout: float
     pool_mode: str
+    # What a statement that changes session state does (transaction mode): follow, reject,
+    # ignore (docs/session-state.md).
+    session_state: str = "follow"
 
 
 @dataclass
@@ -51,6 +54,11 @@ class PoolStats:
     bind_count: int = 0
     # Transactions queued on a busy server behind another client's (net/pipeline.py).
     pipelined_count: int = 0
+    # Session state (pooling/session_state.py): clients pinned to their server, statements
+    # refused (session_state = reject), servers whose settings were synced for a client.
+    session_pinned: int = 0
+    session_refused: int = 0
+    session_synced: int = 0
     # Prepared statements (incremented by the prepared-statement layer): a client's statement
     # already on the server it landed on (hit), one that had to be parsed there first (miss),
     # and one closed to make room under max_prepared_statements (eviction).

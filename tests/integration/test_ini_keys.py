@@ -313,11 +313,13 @@ def test_check_query_failing_everywhere_ends_in_an_error(postgres, pooler, pg_ac
     ("always", "seen"), [("1", "0"), ("0", "12345ms")], ids=["always", "default"]
 )
 def test_server_reset_query_always(postgres, pooler, pg_activity, always, seen) -> None:
-    """statement_timeout is not a parameter the pooler tracks: in transaction mode A's SET
-    stays on the server for B (PgBouncer's behaviour) unless server_reset_query_always runs
-    DISCARD ALL after every transaction."""
+    """statement_timeout is not a reported parameter: with session_state = ignore (PgBouncer's
+    behaviour) A's SET stays on the server for B, unless server_reset_query_always runs
+    DISCARD ALL after every transaction (the default, follow: tests/integration/
+    test_session_state.py)."""
     settle(postgres, pg_activity)
-    p = pooler(ini_overrides={"server_reset_query_always": always, "default_pool_size": "1"})
+    p = pooler(ini_overrides={"server_reset_query_always": always, "default_pool_size": "1",
+                              "session_state": "ignore"})
     with connect(p.dsn()) as a, connect(p.dsn()) as b:
         a.execute("SET statement_timeout = 12345")
         pid_a = a.execute("SELECT pg_backend_pid()").fetchone()[0]
