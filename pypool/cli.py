@@ -24,7 +24,7 @@ from .settings import Settings, SettingsError, from_url, load_ini, worker_share
 
 if TYPE_CHECKING:
     from .net.client import ClientConnection
-    from .net.hooks import TransactionLog
+    from .net.hooks import TransactionLog, WireTrace
     from .net.unix_socket import UnixSocket
     from .pooler import Pooler
 
@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("-u", "--user", help="as root, switch to this OS user first")
     parser.add_argument("-R", "--reboot", action="store_true",
                         help="online restart: not supported (refused with a message)")
+    parser.add_argument("--trace", action="store_true",
+                        help="trace every protocol message (as trace = on; docs/research.md)")
     parser.add_argument(
         "--embedded-dir", help="where the throwaway PostgreSQL lives (default: a temp dir)"
     )
@@ -116,7 +118,14 @@ def build_pooler(settings: Settings) -> Pooler:
 
         return TxLog(path, pooler.now)
 
+    def open_trace() -> WireTrace:
+        from .observe.trace import Tracer
+        from .observe.trace import WireTrace as Trace
+
+        return Trace(Tracer(logging.getLogger("pypool.trace").info))
+
     pooler.open_console = open_console
+    pooler.open_trace = open_trace
     pooler.serve_metrics = serve_metrics
     pooler.open_txlog = open_txlog
     return pooler
@@ -250,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                                                         unix_socket_dir=embedded.basedir))
         if args.port:
             settings = replace(settings, pooler=replace(settings.pooler, listen_port=args.port))
+        if args.trace:
+            settings = replace(settings, pooler=replace(settings.pooler, trace=True))
         Tls(settings.pooler)  # TLS that cannot be set up stops the pooler here, not later
     except SettingsError as exc:
         print(f"pypool: {exc}", file=sys.stderr)

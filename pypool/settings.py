@@ -249,6 +249,9 @@ class PoolerSettings:
     # Research (docs/research.md): one JSON line per transaction and per failed wait
     # (observe/txlog.py); empty: off. Reopened on SIGHUP, for log rotation.
     transaction_log: str = ""
+    # Research (docs/research.md): the protocol trace of every connection, one line per
+    # message, to the `pypool.trace` logger (observe/trace.py). Also `pypool --trace`.
+    trace: bool = False
     # Which waiting client is served next and which idle server is handed out
     # (pooling/policies.py): a built-in name or module:Class.
     queue_policy: str = "fifo"

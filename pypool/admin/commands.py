@@ -260,6 +260,17 @@ def set_param(pooler: PoolerControl, key: str, value: str, is_admin: bool) -> Re
     return Done(f"SET {key}={value}")
 
 
+def trace(pooler: PoolerControl, target: str, switch: str) -> Reply:
+    """TRACE <client id|application_name> on|off: the protocol trace of some clients while
+    running (pypool's own, docs/research.md). The answer's tag counts the clients traced."""
+    if switch.lower() not in ("on", "off"):
+        raise AdminError("TRACE takes on or off")
+    on = switch.lower() == "on"
+    count = pooler.trace_client(target, on)
+    log.info("TRACE %s %s (%d clients traced)", target, "on" if on else "off", count)
+    return Done(f"TRACE {count}")
+
+
 def _kept(pooler: PoolerControl, key: str) -> str:
     """What a refused SET left in force, for the log: `key stays '5'`."""
     name = key.strip().lower()

@@ -37,6 +37,8 @@ _SET_STR = re.compile(rf"^\s*set\s+{_WORD}\s*(?:=|to)\s*('(?:[^']|'')*')\s*(?:;\
                       re.IGNORECASE)
 _SET_WORD = re.compile(rf"^\s*set\s+{_WORD}\s*(?:=|to)\s*([^\s;']+)\s*(?:;\s*)?$",
                        re.IGNORECASE)
+# TRACE <client id|application_name> on|off (pypool's own: pooler/tracing.py)
+_TRACE = re.compile(r"^\s*trace\s+('(?:[^']|'')*'|\S+)\s+(\w+)\s*(?:;\s*)?$", re.IGNORECASE)
 
 WAIT_POLL = 0.05  # seconds between checks while PAUSE or WAIT_CLOSE waits
 
@@ -151,6 +153,11 @@ class AdminSession:
 
     def dispatch(self, sql: str) -> bytes | Reply:
         """The answer to one query: bytes of a result set (up to CommandComplete), or a Reply."""
+        match = _TRACE.match(sql)
+        if match:
+            if not self.is_admin:
+                raise AdminError("admin access needed")
+            return commands.trace(self.pooler, _unquote(match.group(1), "'"), match.group(2))
         match = _CMD.match(sql)
         if match:
             return self._command(_unquote(match.group(1)).lower(), _unquote(match.group(2)))

@@ -390,6 +390,9 @@ def show_state(view: PoolerView) -> ResultSet:
     if lines is not None:  # pypool's own: transaction_log set (docs/research.md)
         rows += [("transaction_log_written", str(lines[0])),
                  ("transaction_log_dropped", str(lines[1]))]
+    traced = view.traced_clients()
+    if traced is not None:  # pypool's own: the protocol trace was switched on
+        rows.append(("trace_clients", traced or "none"))
     return result("ss", "key value", rows)
 
 

@@ -38,7 +38,7 @@ from .socket_options import tune_tcp
 if TYPE_CHECKING:
     from ..pooler import Pooler
     from ..pooling.pool import Pool
-    from .hooks import ConsoleSession, TransactionLog
+    from .hooks import ConsoleSession, TransactionLog, WireTrace
     from .server import ServerConnection
 
 log = logging.getLogger("pypool.client")
@@ -81,6 +81,8 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self.tx_status = m.TX_IDLE
         # The transaction log (observe/txlog.py), fed each read; None with the log off.
         self.txlog: TransactionLog | None = pooler.txlog
+        # The protocol trace (observe/trace.py) when this client is traced; else None.
+        self.trace: WireTrace | None = pooler.trace_all
         # What the client sends after login: framed, counted by its ledger and rewritten
         # for prepared statements (core/frontend.py).
         self.reader = RequestReader(pooler.settings.pooler.max_packet_size)
@@ -148,9 +150,13 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and self.state is not ClientState.CLOSED:
+            if self.trace is not None:
+                self.trace.client_write(self, data)
             self.transport.write(data)
 
     def data_received(self, data: bytes) -> None:
+        if self.trace is not None:
+            self.trace.client_read(self, data)
         if self.txlog is not None:
             self.txlog.client_data(self, len(data))
         try:

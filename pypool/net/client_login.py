@@ -27,7 +27,7 @@ from ..pooling.params import TRACKED, canonical_name, same_encoding
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
-from ..protocol.startup import CancelRequest
+from ..protocol.startup import MAX_AUTH_MESSAGE, CancelRequest
 from . import tls
 
 if TYPE_CHECKING:
@@ -50,6 +50,13 @@ class ClientLogin:
         self._auth: Generator[bytes, bytes, Authenticated] | None = None
         # The tls-server-end-point data SCRAM-SHA-256-PLUS binds to (TLS only).
         self._channel_binding: bytes | None = None
+        # Between 'S' (or a direct ClientHello) and tls_started: the handshake is running.
+        # What reaches the connection meanwhile came through the TLS layer (the plaintext
+        # side is paused or handed to it), decrypted: with TLS 1.3 the client's
+        # StartupMessage travels with its Finished, and the layer may deliver it before the
+        # handshake's waiter has woken tls_started. It waits here for the new exchange.
+        self._handshaking = False
+        self._early = bytearray()
 
     def connected(self, over_unix_socket: bool) -> None:
         """The connection is up: read its startup packet as the TLS settings say."""
@@ -59,6 +66,12 @@ class ClientLogin:
 
     def startup_data(self, data: bytes) -> None:
         client = self.client
+        if self._handshaking:
+            self._early += data
+            if len(self._early) > MAX_AUTH_MESSAGE:  # a StartupMessage, then a password
+                raise errors.ClientProtocolError(
+                    f"{len(self._early)} bytes sent before the startup packet was read")
+            return
         if client.user:
             # The StartupMessage is in and auth_query is looking the user up: what follows
             # waits, bounded, for start_auth().
@@ -69,6 +82,7 @@ class ClientLogin:
         if first is None:
             return
         if isinstance(first, StartTls):
+            self._handshaking = True
             self._start_tls(first.hello)
             return
         packet = first.packet
@@ -148,10 +162,16 @@ class ClientLogin:
         self._channel_binding = client_tls.channel_binding
         self._startup = client_login.read_startup(StartupTls(active=True))
         next(self._startup)
+        self._handshaking = False
         if direct and tls.alpn_protocol(transport) != tls.ALPN_POSTGRESQL:
             client.fail(errors.ClientProtocolError(
                 "received direct SSL connection request without ALPN protocol negotiation "
                 "extension"))
+            return
+        if self._early:
+            early = bytes(self._early)
+            self._early.clear()
+            client.data_received(early)
 
     def tls_failed(self, reason: str) -> None:
         log.warning("%r: %s", self.client, reason)

@@ -5,7 +5,8 @@ read-only view (observe/) and drive it through its own methods. So that net/ nev
 them, the pooler reaches them only through two hooks that cli.py's `build_pooler` sets once
 at start-up, and a console client holds its session as a `ConsoleSession`. A pooler built
 without them (a unit test) has no console and no metrics endpoint. The transaction log
-(observe/txlog.py) is plugged in the same way (`OpenTransactionLog`).
+(observe/txlog.py) and the protocol trace (observe/trace.py) are plugged in the same way
+(`OpenTransactionLog`, `OpenTrace`).
 """
 
 from __future__ import annotations
@@ -58,3 +59,33 @@ class TransactionLog(Protocol):
 
 # With transaction_log set (at start or on reload): open the log at that path.
 OpenTransactionLog = Callable[[str], TransactionLog]
+
+
+class TraceFilter(Protocol):
+    """Which clients the protocol trace follows (observe/trace.py's TraceFilter)."""
+
+    everyone: bool
+    ids: set[int]
+    application_names: set[str]
+
+    def wants(self, client: ClientConnection) -> bool: ...
+
+
+class WireTrace(Protocol):
+    """The protocol trace (observe/trace.py), fed at the four socket points. A connection
+    holds it only while traced (None otherwise: one attribute check per read or write)."""
+
+    @property
+    def filter(self) -> TraceFilter: ...
+
+    def client_read(self, client: ClientConnection, data: bytes) -> None: ...
+    def client_write(self, client: ClientConnection, data: bytes) -> None: ...
+    def client_gone(self, client: ClientConnection) -> None: ...
+    def server_write(self, server: ServerConnection, data: bytes, own: bool = False) -> None: ...
+    def server_read(self, server: ServerConnection, data: bytes) -> None: ...
+    def server_done(self, server: ServerConnection) -> None: ...
+    def server_gone(self, server: ServerConnection) -> None: ...
+
+
+# At start: make the protocol trace (cli.py: its lines go to the `pypool.trace` logger).
+OpenTrace = Callable[[], WireTrace]

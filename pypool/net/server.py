@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ..pooler import Pooler, ServerCredentials
     from ..pooling.pool import Pool
     from .client import ClientConnection
-    from .hooks import ServerTap
+    from .hooks import ServerTap, WireTrace
 
 log = logging.getLogger("pypool.server")
 
@@ -65,6 +65,8 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.backend_secret = 0
         # The transaction log's reader of this server's replies; None with the log off.
         self.txlog: ServerTap | None = None if pooler.txlog is None else pooler.txlog.tap(self)
+        # The protocol trace (observe/trace.py) while a traced client is linked (or all are).
+        self.trace: WireTrace | None = pooler.trace_all
         now = pooler.now()
         self.connect_time = now
         self.request_time = now  # when last linked or released
@@ -160,13 +162,18 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.flush()
         if self.state in (ServerState.IDLE, ServerState.ACTIVE):
             try:
+                if self.trace is not None:
+                    self.trace.server_write(self, m.terminate(), True)
                 self.transport.write(m.terminate())
             except Exception:  # noqa: BLE001 - the socket may already be gone
                 pass
         self.transport.close()
 
-    def send(self, data: bytes) -> None:
-        """Write client requests to the server now, behind any still deferred."""
+    def send(self, data: bytes, own: bool = False) -> None:
+        """Write client requests to the server now, behind any still deferred (`own`: the
+        pooler's own query, for the trace)."""
+        if self.trace is not None:
+            self.trace.server_write(self, data, own)
         if self._deferred:
             self._deferred.append(data)
         else:
@@ -177,6 +184,8 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         """Write client requests once this round of the event loop has read everything that
         was ready: requests pipelined onto this server meanwhile go out in one write, and wake
         its backend once (net/pipeline.py)."""
+        if self.trace is not None:
+            self.trace.server_write(self, data)
         if not self._deferred:
             self.pooler.flush_soon(self)
         self._deferred.append(data)
@@ -193,7 +202,7 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
     def send_hidden_query(self, sql: str, purpose: int = HIDDEN_PLAIN) -> None:
         """Send a query whose replies the client must not see (core/backend.py)."""
         self.backend.query(purpose)
-        self.send(m.query(sql))
+        self.send(m.query(sql), True)
 
     @property
     def hidden_syncs(self) -> int:
@@ -209,6 +218,8 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         """Serve `client` from now on (None: nobody); its ledger and session parameters
         are what the reply reader keeps up to date."""
         self.client = client
+        self.trace = (client.trace if client is not None and client.trace is not None
+                      else self.pooler.trace_all)
         reader = self.reader
         if client is None:
             reader.frontend = None
@@ -249,11 +260,14 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             # The other client's settings undone and this one's made, then the tracked ones.
             sql = b"; ".join([part for part in (session_sql, sql) if part])
         self.backend.parameters(names)
-        self.send(m.message(m.QUERY, sql + b"\x00"))
+        self.send(m.message(m.QUERY, sql + b"\x00"), True)
 
     # --- login ----------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        trace = self.trace
+        if trace is not None:
+            trace.server_read(self, data)
         if self.state is ServerState.LOGIN:
             self.login.data(data)
         else:
@@ -261,6 +275,15 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             if self.txlog is not None:
                 self.txlog.feed(data)
             self._relay(data)
+        if trace is not None:
+            trace.server_done(self)
+
+    def login_write(self, data: bytes) -> None:
+        """Write the login's messages (core/server_login.py)."""
+        if self.trace is not None:
+            self.trace.server_write(self, data, True)
+        assert self.transport is not None
+        self.transport.write(data)
 
     # --- the hot path: server to client (framing and judging: core/replies.py) -------------
 

@@ -54,8 +54,7 @@ class ServerLogin:
             server_key=verifier.server_key if verifier is not None else None,
             channel_binding=channel_binding,
         )
-        assert server.transport is not None
-        server.transport.write(next(self._login))  # the StartupMessage
+        server.login_write(next(self._login))  # the StartupMessage
 
     def data(self, data: bytes) -> None:
         if self._awaiting_tls_answer:
@@ -65,9 +64,8 @@ class ServerLogin:
         if login is None:
             return  # logged in but closing (pooler.server_available): nothing more to read
         server = self.server
-        assert server.transport is not None
         try:
-            done = advance(login, data, server.transport.write)
+            done = advance(login, data, server.login_write)
         except ServerLoginError as exc:
             self._login = None
             self.failed(exc)

@@ -273,6 +273,17 @@ class PoolerView:
         txlog = getattr(self._pooler, "txlog", None)  # a test's stand-in may have none
         return None if txlog is None else (int(txlog.written), int(txlog.dropped))
 
+    def traced_clients(self) -> str | None:
+        """Who the protocol trace follows: "all" (`trace = on`), the ids of the clients
+        traced now (comma-separated, maybe none), or None when it was never switched on."""
+        pooler = self._pooler
+        if getattr(pooler, "wire_trace", None) is None:  # a test's stand-in may have none
+            return None
+        if getattr(pooler, "trace_all", None) is not None:
+            return "all"
+        return ",".join(sorted(str(client.id) for client in pooler.clients
+                               if getattr(client, "trace", None) is not None))
+
     @property
     def settings(self) -> Settings:
         return self._pooler.settings

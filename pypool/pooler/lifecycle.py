@@ -29,7 +29,7 @@ from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..settings import RESTART_ONLY_KEYS, SettingsError, load_ini, worker_share
-from . import janitor, linking, research
+from . import janitor, linking, research, tracing
 
 if TYPE_CHECKING:
     from ..pooling.pool import Pool
@@ -42,6 +42,7 @@ log = logging.getLogger("pypool")
 async def start(pooler: Pooler) -> None:
     cfg = pooler.settings.pooler
     research.apply(pooler, None)  # the transaction log, before any client
+    tracing.apply(pooler, None)  # trace = on
     if cfg.unix_socket_dir:
         # First, as PgBouncer checks: a pooler already serving this port's socket stops us
         # before anything is bound. With workers = N the parent has claimed it and each
@@ -142,6 +143,7 @@ def apply_settings(pooler: Pooler, new: Settings) -> None:
             pool.login_error = None
             tag_dirty(pooler, pool, "obsolete connection (server TLS configuration changed)")
     research.apply(pooler, old.pooler)  # policies; the transaction log reopened (rotation)
+    tracing.apply(pooler, old.pooler)
     for pool in list(pooler.pools.values()):
         entry = new.database(pool.database)
         old_entry = old.database(pool.database) or pooler.retired.get(pool.database)

@@ -37,7 +37,14 @@ from ..auth.scram import ScramVerifier, is_scram_verifier
 from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
 from ..net import pipeline
 from ..net.client import ClientConnection
-from ..net.hooks import OpenConsole, OpenTransactionLog, ServeMetrics, TransactionLog
+from ..net.hooks import (
+    OpenConsole,
+    OpenTrace,
+    OpenTransactionLog,
+    ServeMetrics,
+    TransactionLog,
+    WireTrace,
+)
 from ..net.server import ServerConnection, ServerLoginError
 from ..net.tls import Tls
 from ..net.unix_socket import UnixSocket
@@ -50,7 +57,7 @@ from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..settings import DatabaseEntry, Settings
-from . import auth_database, cancel, hba_login, lifecycle, linking, research
+from . import auth_database, cancel, hba_login, lifecycle, linking, research, tracing
 from .host_lists import HostChooser
 
 log = logging.getLogger("pypool")
@@ -131,6 +138,11 @@ class Pooler:
         self.policy_factories: research.Factories = research.factories(settings.pooler)
         self.open_txlog: OpenTransactionLog | None = None
         self.txlog: TransactionLog | None = None
+        # The protocol trace (pooler/tracing.py), made through the hook cli.py sets once it is
+        # first wanted; `trace_all` is it with `trace = on`, else None.
+        self.open_trace: OpenTrace | None = None
+        self.wire_trace: WireTrace | None = None
+        self.trace_all: WireTrace | None = None
         self.load_auth()
 
     def load_auth(self) -> None:
@@ -390,6 +402,8 @@ class Pooler:
         if server.state is ServerState.CLOSED:
             return
         server.on(ServerEvent.CLOSED)
+        if server.trace is not None:
+            server.trace.server_gone(server)
         pool = server.pool
         pool.forget(server)
         server.statements.close()
@@ -426,6 +440,8 @@ class Pooler:
 
     def begin_authentication(self, client: ClientConnection) -> None:
         cfg = self.settings.pooler
+        if self.wire_trace is not None:
+            tracing.named(self, client)  # traced by its application_name
         if self.shutting_down:
             raise PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN)
         # The admin console stays reachable when the clients are at their cap, as PgBouncer
@@ -558,6 +574,8 @@ class Pooler:
             return
         if self.txlog is not None:
             self.txlog.client_closed(client, reason)  # mid-transaction, or while waiting
+        if client.trace is not None:
+            client.trace.client_gone(client)
         client.on(ClientEvent.CLOSED)
         self.clients.discard(client)
         self.login_clients.discard(client)
@@ -687,6 +705,10 @@ class Pooler:
 
     def apply_settings(self, new: Settings) -> None:
         lifecycle.apply_settings(self, new)
+
+    def trace_client(self, target: str, on: bool) -> int:
+        """The console's TRACE (pooler/tracing.py): clients traced now."""
+        return tracing.switch(self, target, on)
 
     def pause_all(self, paused: bool) -> None:
         lifecycle.pause_all(self, paused)

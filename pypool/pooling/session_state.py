@@ -52,7 +52,7 @@ ROLLBACK_TO: Final = 18  # ROLLBACK TO SAVEPOINT: settings since (say) the block
 # The names of what pins a client (SHOW CLIENTS `pinned`, the NOTICE, the log line).
 PIN_REASONS: Final = {
     LISTEN: "listen", TEMP_TABLE: "temp table", HOLD_CURSOR: "with hold cursor",
-    LOAD: "load", LOCK: "advisory lock", UNTRACKABLE: "untracked set",
+    LOAD: "load", LOCK: "advisory lock", UNTRACKABLE: "untracked state",
 }
 # Recorded names with an undo of their own (RESET ALL leaves them, as PostgreSQL does).
 ROLE: Final = b"role"
@@ -116,17 +116,36 @@ def look(kind: int, data: bytes, pos: int, end: int) -> list[Command] | None:
         text_at = data.find(0, pos + 5, end) + 1
         text_end = data.find(0, text_at, end) if text_at else -1
     verdict = _first_look(data, text_at, text_end)
-    if verdict == NO:
-        return None
     # A SELECT matters only if it calls a function: no parenthesis, no call (one `find`
     # settles pgbench's and most ORMs' point lookups).
-    if verdict == CALLS and (data.find(b"(", text_at, text_end) < 0
-                             or (data.find(b"advisory", text_at, text_end) < 0
-                                 and data.find(b"set_config", text_at, text_end) < 0
-                                 and data.find(b"ADVISORY", text_at, text_end) < 0
-                                 and data.find(b"SET_CONFIG", text_at, text_end) < 0)):
+    if verdict == NO or (verdict == CALLS and (
+            data.find(b"(", text_at, text_end) < 0
+            or (data.find(b"advisory", text_at, text_end) < 0
+                and data.find(b"set_config", text_at, text_end) < 0
+                and data.find(b"ADVISORY", text_at, text_end) < 0
+                and data.find(b"SET_CONFIG", text_at, text_end) < 0))):
+        if kind == 81:
+            # A PREPARE behind the first statement of a Query makes a statement under the
+            # client's own name that the pooler does not track (pooling/prepared/sql.py
+            # sees single statements): pinned, so nobody else can EXECUTE it.
+            semicolon = data.find(59, text_at, text_end)
+            if semicolon >= 0 and semicolon < text_end - 1 and _later_prepare(
+                    data[text_at:text_end]):
+                return [Command(UNTRACKABLE, b"prepare")]
         return None
     return classify(data[text_at:text_end])
+
+
+def _later_prepare(text: bytes) -> bool:
+    """Whether a statement after the first one of `text` is a PREPARE."""
+    pos = statement_end(text, 0) + 1
+    while pos < len(text):
+        pos = skip_space(text, pos)
+        word = _WORD.match(text, pos)
+        if word is not None and word.group().lower() == b"prepare":
+            return True
+        pos = statement_end(text, pos) + 1
+    return False
 
 
 def candidate(data: bytes, pos: int) -> bool:

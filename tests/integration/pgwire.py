@@ -131,19 +131,23 @@ class Wire:
 
     @classmethod
     async def connect(cls, host: str, port: int, user: str, password: str, database: str,
-                      timeout: float = 10.0) -> Wire:
+                      timeout: float = 10.0, **params: str) -> Wire:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
         wire = cls(reader, writer)
         try:
-            await asyncio.wait_for(wire._login(user, password, database), timeout)
+            await asyncio.wait_for(wire._login(user, password, database, params), timeout)
         except BaseException:
             writer.close()
             raise
         return wire
 
-    async def _login(self, user: str, password: str, database: str) -> None:
+    async def _login(self, user: str, password: str, database: str,
+                     params: dict[str, str] | None = None) -> None:
         body = struct.pack("!I", PROTOCOL_VERSION)
-        body += _cstr("user") + _cstr(user) + _cstr("database") + _cstr(database) + b"\x00"
+        body += _cstr("user") + _cstr(user) + _cstr("database") + _cstr(database)
+        for name, value in (params or {}).items():
+            body += _cstr(name) + _cstr(value)
+        body += b"\x00"
         self.writer.write(struct.pack("!I", len(body) + 4) + body)
         scram: ScramClient | None = None
         while True:

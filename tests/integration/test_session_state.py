@@ -333,3 +333,30 @@ def test_a_lock_taker_is_never_a_neutral_pipeline_head(postgres, pooler) -> None
         assert one(a, "SELECT pg_advisory_unlock(8080)") is True
         thread.join(10)
         assert outcome == [False]  # ran on no session holding the lock
+
+
+def test_a_prepare_behind_another_statement_stays_its_client_s(postgres, pooler) -> None:
+    """`SELECT 1; PREPARE p ...` in one Query: the statement exists only where its client is.
+    Under PgBouncer (and with session_state = ignore) the next client on that server could
+    EXECUTE it; here its client keeps the server, and the server is reset when it leaves."""
+    p = pooler(ini_overrides={"default_pool_size": "2"})
+    with connect(p.dsn()) as b:
+        with connect(p.dsn()) as a:
+            a.execute("SELECT 1; PREPARE stray_plan AS SELECT 42")
+            server = pid(a)
+            assert "untracked state" in pinned_column(p)
+            for _ in range(3):
+                assert pid(b) != server
+                with pytest.raises(psycopg.errors.InvalidSqlStatementName):
+                    b.execute("EXECUTE stray_plan")
+                assert one(a, "EXECUTE stray_plan") == 42
+                assert pid(a) == server
+        # a left: its server was reset before serving anyone again.
+        for _ in range(4):
+            with pytest.raises(psycopg.errors.InvalidSqlStatementName):
+                b.execute("EXECUTE stray_plan")
+    with direct(postgres) as plain:
+        rows = plain.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = 'app' "
+                             "AND query ILIKE '%stray_plan%' AND pid <> pg_backend_pid() "
+                             "AND state = 'idle in transaction'").fetchone()
+        assert rows == (0,)

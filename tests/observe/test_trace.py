@@ -10,6 +10,7 @@ from pypool.observe.trace import (
     MessageStream,
     TraceFilter,
     Tracer,
+    WireTrace,
     describe,
     describe_startup,
     mask_passwords,
@@ -139,3 +140,136 @@ def test_filter_by_id_or_application_name() -> None:
 
 def test_masking_handles_quotes() -> None:
     assert mask_passwords("CREATE ROLE a PASSWORD 'it''s'") == "CREATE ROLE a PASSWORD '***'"
+
+
+# --- WireTrace: the actions, from what passed the four socket points ---------------------------
+
+
+class _State:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class FakeClient:
+    def __init__(self, id: int) -> None:
+        self.id, self.state, self.admin, self.server = id, _State("IDLE"), None, None
+        self.params: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"C-{self.id}:app/app@127.0.0.1:5000"
+
+
+class FakeServer:
+    def __init__(self, id: int, client: FakeClient) -> None:
+        self.id, self.state, self.client = id, _State("ACTIVE"), client
+        self.chain: list[FakeClient] = []
+
+    def __repr__(self) -> str:
+        return f"S-{self.id}:app/app@127.0.0.1:5432"
+
+
+BIND_COMPLETE = m.message(m.BIND_COMPLETE, b"")
+
+
+def wire() -> tuple[WireTrace, list[str], FakeClient, FakeServer]:
+    out: list[str] = []
+    trace = WireTrace(Tracer(out.append))
+    client = FakeClient(1)
+    server = FakeServer(2, client)
+    client.server = server  # type: ignore[assignment]
+    # Both connections are past their login (whose first packets have no type byte).
+    startup = m.startup_message({"user": "app", "database": "app"})
+    client.state = _State("STARTUP")
+    trace.client_read(client, startup)
+    client.state = _State("IDLE")
+    trace.server_write(server, startup, own=True)
+    out.clear()
+    return trace, out, client, server
+
+
+def actions(out: list[str]) -> list[tuple[str, str, str]]:
+    """(source > target, message name, action) of each line."""
+    return [(line[:20].strip(), line[21:].split(" ")[0], line.rsplit(" ", 1)[1])
+            for line in out]
+
+
+def test_wire_trace_tells_the_actions_apart() -> None:
+    trace, out, client, server = wire()
+    # The client prepared s1 earlier; now it binds it on a server that lacks it.
+    trace.client_read(client, bind("s1", [b"7"]) + m.execute() + m.sync())
+    trace.server_write(server, parse("PYPOOL_1", "SELECT $1::int") + bind("PYPOOL_1", [b"7"])
+                       + m.execute() + m.sync())
+    trace.server_read(server, m.parse_complete() + BIND_COMPLETE + m.data_row(["7"])
+                      + m.command_complete("SELECT 1") + m.ready_for_query(m.TX_IDLE))
+    trace.client_write(client, BIND_COMPLETE + m.data_row(["7"])
+                       + m.command_complete("SELECT 1") + m.ready_for_query(m.TX_IDLE))
+    trace.server_done(server)
+    assert actions(out) == [
+        ("pooler > S-2", "Parse", "injected"),
+        ("C-1 > pooler", "Bind", "rewritten"),
+        ("C-1 > S-2", "Bind", "rewritten"),
+        ("C-1 > S-2", "Execute", "forwarded"),
+        ("C-1 > S-2", "Sync", "forwarded"),
+        ("S-2 > pooler", "ParseComplete", "swallowed"),
+        ("S-2 > C-1", "BindComplete", "forwarded"),
+        ("S-2 > C-1", "DataRow", "forwarded"),
+        ("S-2 > C-1", "CommandComplete", "forwarded"),
+        ("S-2 > C-1", "ReadyForQuery", "forwarded"),
+    ]
+    assert 'statement="s1"' in out[1] and 'statement="PYPOOL_1"' in out[2]
+
+
+def test_wire_trace_synthesised_and_hidden() -> None:
+    trace, out, client, server = wire()
+    # A Parse the server already has: answered by the pooler, never sent.
+    trace.client_read(client, parse("s1", "SELECT 1") + m.sync())
+    trace.server_write(server, m.query("SET TimeZone = 'UTC'"), own=True)
+    trace.server_write(server, m.sync())
+    trace.server_read(server, m.command_complete("SET") + m.ready_for_query(m.TX_IDLE)
+                      + m.ready_for_query(m.TX_IDLE))
+    trace.client_write(client, m.parse_complete() + m.ready_for_query(m.TX_IDLE))
+    trace.server_done(server)
+    assert actions(out) == [
+        ("pooler > S-2", "Query", "injected"),
+        ("C-1 > pooler", "Parse", "swallowed"),
+        ("C-1 > S-2", "Sync", "forwarded"),
+        ("pooler > C-1", "ParseComplete", "synthesised"),
+        ("S-2 > pooler", "CommandComplete", "swallowed"),
+        ("S-2 > pooler", "ReadyForQuery", "swallowed"),
+        ("S-2 > C-1", "ReadyForQuery", "forwarded"),
+    ]
+
+
+def test_wire_trace_a_whole_injected_request_is_not_the_clients() -> None:
+    trace, out, client, server = wire()
+    # The session-state guard runs its own Bind and Execute before the client's.
+    trace.client_read(client, bind("s1", [b"x"]) + m.execute() + m.sync())
+    trace.server_write(server, bind("PYPOOL_GUARD", [b"12345678"]) + m.execute()
+                       + bind("PYPOOL_1", [b"x"]) + m.execute() + m.sync())
+    assert actions(out) == [
+        ("pooler > S-2", "Bind", "injected"),
+        ("pooler > S-2", "Execute", "injected"),
+        ("C-1 > pooler", "Bind", "rewritten"),
+        ("C-1 > S-2", "Bind", "rewritten"),
+        ("C-1 > S-2", "Execute", "forwarded"),
+        ("C-1 > S-2", "Sync", "forwarded"),
+    ]
+
+
+def test_wire_trace_tls_answers_keep_the_streams_in_step() -> None:
+    out: list[str] = []
+    trace = WireTrace(Tracer(out.append))
+    client = FakeClient(1)
+    server = FakeServer(2, client)
+    client.state = _State("STARTUP")
+    trace.client_read(client, b"\x16\x03\x01\x02\x00")  # a direct TLS ClientHello
+    trace.client_read(client, m.startup_message({"user": "app", "database": "app"}))
+    server.state = _State("LOGIN")
+    trace.server_read(server, b"N")  # the server's answer to the pooler's SSLRequest
+    trace.server_read(server, m.authentication(m.AUTH_OK))
+    assert actions(out) == [
+        ("C-1 > pooler", "TLS", "swallowed"),
+        ("C-1 > pooler", "StartupMessage", "swallowed"),
+        ("S-2 > pooler", "SSL", "swallowed"),
+        ("S-2 > pooler", "AuthenticationOk", "swallowed"),
+    ]

@@ -109,6 +109,23 @@ def test_look_at_a_query_and_a_parse(sql: str, found: list[Command] | None) -> N
     assert ss.look(ord("P"), parse, 0, len(parse)) == found
 
 
+@pytest.mark.parametrize(("sql", "found"), [
+    ("SELECT abalance FROM t WHERE aid = 1;", None),  # a trailing `;`: one statement
+    ("SELECT 1; PREPARE p AS SELECT 2", [Command(ss.UNTRACKABLE, b"prepare")]),
+    ("SELECT 1;\n  prepare p AS SELECT 2;", [Command(ss.UNTRACKABLE, b"prepare")]),
+    ("INSERT INTO t VALUES (1); /* c */ PREPARE p AS SELECT 2",
+     [Command(ss.UNTRACKABLE, b"prepare")]),
+    ("SELECT 'a;b'; SELECT 2", None),
+    ("SELECT 'x; PREPARE p AS SELECT 1'", None),  # inside a literal
+])
+def test_a_prepare_behind_another_statement_pins(sql: str,
+                                                 found: list[Command] | None) -> None:
+    """Only a simple Query can hold several statements (a Parse of them fails)."""
+    text = sql.encode() + b"\x00"
+    query = b"Q" + (len(text) + 4).to_bytes(4, "big") + text
+    assert ss.look(ord("Q"), query, 0, len(query)) == found
+
+
 def test_set_with_quoted_semicolon_is_one_statement() -> None:
     found = classify(b"SET search_path = 'a;b' ;  ")
     assert found == [Command(ss.SET, b"search_path", b"SET search_path = 'a;b'")]
