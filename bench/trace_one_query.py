@@ -104,10 +104,13 @@ def main() -> None:
         pg.create_role("app", "app-secret")
         pg.execute("CREATE DATABASE app OWNER app")
         port = free_port()
+        # trust admits the users auth_file knows, as PgBouncer's does.
+        (work / "userlist.txt").write_text('"app" ""\n')
         (work / "pypool.ini").write_text(
             f"[databases]\napp = host={pg.host} port={pg.port} dbname=app user=app "
             f"password=app-secret\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\n"
             f"listen_port = {port}\nunix_socket_dir =\nauth_type = trust\n"
+            f"auth_file = {work / 'userlist.txt'}\n"
             f"pool_mode = transaction\ndefault_pool_size = 2\nlog_connections = 0\n"
             f"log_disconnections = 0\n")
         log = Log(work / "pypool.log")
