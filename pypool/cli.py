@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import logging.handlers
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 from urllib.parse import quote
@@ -131,12 +133,16 @@ def build_pooler(settings: Settings) -> Pooler:
     return pooler
 
 
-async def serve(settings: Settings, unix: UnixSocket | None = None) -> None:
-    """Run one pooler until it exits. `unix`: the unix socket a `workers` parent claimed."""
+async def serve(settings: Settings, unix: UnixSocket | None = None,
+                listening: Callable[[], None] | None = None) -> None:
+    """Run one pooler until it exits. `unix`: the unix socket a `workers` parent claimed;
+    `listening`: called once the pooler listens (the quick start prints its URL then)."""
     pooler = build_pooler(settings)
     pooler.unix_socket = unix
     try:
         await pooler.start()
+        if listening is not None:
+            listening()
         pooler.install_signals()
         await pooler.stopped
         await asyncio.sleep(0.05)  # let the closing transports flush
@@ -145,13 +151,15 @@ async def serve(settings: Settings, unix: UnixSocket | None = None) -> None:
             pooler.unix_socket.remove()
 
 
-def run(settings: Settings) -> None:
+def run(settings: Settings, listening: Callable[[], None] | None = None) -> None:
     import uvloop
 
     workers = settings.pooler.workers
     if workers <= 1:
-        uvloop.run(serve(settings))
+        uvloop.run(serve(settings, listening=listening))
         return
+    if listening is not None:
+        listening()
     run_workers(worker_share(settings, workers), workers)
 
 
@@ -275,19 +283,30 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(settings, args.verbose or settings.pooler.verbose, args.quiet or args.daemon)
     if stale_pidfile:
         log.info("stale pidfile, removing")
+    banner = None
     if embedded is not None:
         user = embedded.superuser
         url = (
             f"postgresql://{quote(user, safe='')}:{quote(embedded.password, safe='')}"
             f"@127.0.0.1:{settings.pooler.listen_port}/postgres"
         )
-        print(f"throwaway PostgreSQL on 127.0.0.1:{embedded.port}; pypool on "
-              f"127.0.0.1:{settings.pooler.listen_port}", flush=True)
-        print(f"DATABASE_URL={url}", flush=True)
+        cluster_port = embedded.port
+
+        def banner() -> None:
+            # Only once listening: a URL printed before would point at whatever holds the
+            # port when it is taken.
+            print(f"throwaway PostgreSQL on 127.0.0.1:{cluster_port}; pypool on "
+                  f"127.0.0.1:{settings.pooler.listen_port}", flush=True)
+            print(f"DATABASE_URL={url}", flush=True)
     try:
-        run(settings)
+        run(settings, banner)
     except OSError as exc:
-        log.error("cannot start: %s", exc)
+        if exc.errno == errno.EADDRINUSE:
+            log.error("cannot start: port %d is taken (another pooler or PostgreSQL?); "
+                      "choose another with --port, or listen_port in the ini",
+                      settings.pooler.listen_port)
+        else:
+            log.error("cannot start: %s", exc)
         return 1
     except KeyboardInterrupt:
         pass

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -147,3 +148,20 @@ def test_version_is_the_console_version_line(postgres: EmbeddedPostgres,
     finally:
         proc.send_signal(signal.SIGQUIT)
         proc.wait(10)
+
+
+@pytest.mark.timeout(90)
+def test_the_quick_start_says_its_port_is_taken_and_prints_no_url() -> None:
+    """With the port held by another process, the quick start must not print a
+    DATABASE_URL (it would point at that process): it says the port is taken, and how to
+    choose another."""
+    port = free_port()
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        done = pypool("--port", str(port), timeout=60)
+    assert done.returncode == 1, done
+    assert "DATABASE_URL" not in done.stdout
+    assert f"port {port} is taken" in done.stderr
+    assert "--port" in done.stderr
