@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import pwd
 from collections.abc import Generator
 from typing import TYPE_CHECKING
 
@@ -29,6 +28,7 @@ from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..protocol.startup import MAX_AUTH_MESSAGE, CancelRequest
 from . import tls
+from .unix_socket import os_user_name
 
 if TYPE_CHECKING:
     from .client import ClientConnection
@@ -114,7 +114,7 @@ class ClientLogin:
         if auth_type in ("trust", "any"):
             self.authenticated(None)
         elif auth_type == "peer":
-            client_login.check_peer(client.user, secret, self._peer_os_user())
+            client_login.check_peer(client.user, secret, os_user_name(client.peer_uid))
             self.authenticated(None)
         elif auth_type == "cert":
             problem = client_login.cert_login_problem(
@@ -176,16 +176,6 @@ class ClientLogin:
     def tls_failed(self, reason: str) -> None:
         log.warning("%r: %s", self.client, reason)
         self.client.close(reason)
-
-    def _peer_os_user(self) -> str | None:
-        """The name of the OS user at the other end of the unix socket; None over TCP."""
-        uid = self.client.peer_uid
-        if uid is None:
-            return None
-        try:
-            return pwd.getpwuid(uid).pw_name
-        except KeyError:
-            return None
 
     def auth_data(self, data: bytes) -> None:
         exchange = self._auth

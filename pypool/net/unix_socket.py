@@ -25,6 +25,7 @@ from __future__ import annotations
 import grp
 import logging
 import os
+import pwd
 import socket
 import stat
 from dataclasses import dataclass
@@ -38,6 +39,17 @@ MAX_SOCKET_PATH: Final = 107
 
 class UnixSocketError(OSError):
     """The unix socket cannot be set up; the message says why and which setting changes it."""
+
+
+def os_user_name(uid: int | None) -> str | None:
+    """The name of the OS user with this uid (a unix-socket peer's, from SO_PEERCRED), for
+    `peer` logins and ident maps; None over TCP (no uid) or for a uid with no name."""
+    if uid is None:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
 
 
 def socket_path(directory: str, port: int) -> str:

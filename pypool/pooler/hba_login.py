@@ -15,12 +15,12 @@ common names.
 from __future__ import annotations
 
 import logging
-import pwd
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..auth.hba import HbaRules, IdentMaps, Login, parse_hba, parse_ident
 from ..net import tls
+from ..net.unix_socket import os_user_name
 from ..protocol import errors
 from ..protocol.errors import PoolerError
 
@@ -98,7 +98,7 @@ def method_for(hba: HbaConfig, client: ClientConnection) -> str:
             raise PoolerError("certificate authentication failed", side=errors.Side.CLIENT)
         return "trust"  # the certificate, through the map, vouches for the user
     if rule.method == "peer" and rule.map:
-        os_user = _os_user(client.peer_uid) if unix else None
+        os_user = os_user_name(client.peer_uid) if unix else None
         if os_user is None or not hba.maps.allows(rule.map, os_user, client.user):
             log.warning("%r: ident map %s cannot be matched", client, rule.map)
             raise PoolerError("unix socket login rejected", errors.INVALID_AUTHORIZATION,
@@ -106,12 +106,3 @@ def method_for(hba: HbaConfig, client: ClientConnection) -> str:
         log.debug("%r: ident map '%s' is applied", client, rule.map)
         return "trust"  # the map has vouched for the OS user, which is what peer checks
     return rule.method
-
-
-def _os_user(uid: int | None) -> str | None:
-    if uid is None:
-        return None
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return None
