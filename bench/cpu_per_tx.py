@@ -24,13 +24,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from pypool.embedded import EmbeddedPostgres  # noqa: E402
+from pypool.embedded import EmbeddedPostgres, wait_listening  # noqa: E402
 
 CLIENTS, THREADS, PER_CLIENT = 50, 2, 2000
 TICK = os.sysconf("SC_CLK_TCK")
@@ -82,12 +81,7 @@ def main() -> None:
                                             env={**env, "PYTHONPATH": tree}, stdout=log,
                                             stderr=subprocess.STDOUT)
                 try:
-                    for _ in range(100):
-                        try:
-                            socket.create_connection(("127.0.0.1", port), 0.2).close()
-                            break
-                        except OSError:
-                            time.sleep(0.1)
+                    wait_listening(port)
                     command = [pgbench, "-S", "-M", args.mode, "-c", str(CLIENTS), "-j",
                                str(THREADS), "-h", "127.0.0.1", "-p", str(port), "-U", "app",
                                "bench"]

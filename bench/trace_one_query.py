@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from pypool.embedded import EmbeddedPostgres, free_port  # noqa: E402
+from pypool.embedded import EmbeddedPostgres, free_port, wait_listening  # noqa: E402
 from pypool.protocol import messages as m  # noqa: E402
 
 
@@ -119,12 +119,7 @@ def main() -> None:
                 [sys.executable, "-m", "pypool", "--trace", str(work / "pypool.ini")],
                 cwd=HERE.parent, stdout=out, stderr=subprocess.STDOUT)
         try:
-            for _ in range(100):
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            wait_listening(port)
             a, b = Raw(port), Raw(port)
             tokyo: list[Raw] = []
             log.new_lines()  # the two logins

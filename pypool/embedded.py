@@ -28,6 +28,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+import time
 import urllib.parse
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
@@ -100,6 +101,20 @@ def free_port(host: str = "127.0.0.1", attempts: int = 200) -> int:
                 continue
             return port
     raise RuntimeError(f"no free TCP port on {host} in {_PORT_RANGE} after {attempts} tries")
+
+
+def wait_listening(port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> None:
+    """Return once something accepts connections on host:port (a pooler the harnesses just
+    started); RuntimeError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), 0.2).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing listens on {host}:{port}") from None
+            time.sleep(0.1)
 
 
 def _running_as_root() -> bool:

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,18 +31,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pypool.embedded import EmbeddedPostgres, free_port  # noqa: E402
+from pypool.embedded import EmbeddedPostgres, free_port, wait_listening  # noqa: E402
 from pypool.observe.distribution import summarise  # noqa: E402
-
-
-def wait_listening(port: int) -> None:
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing listens on {port}")
 
 
 def requests(dsn: str, count: int) -> list[tuple[float, float]]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,21 +31,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pypool.embedded import EmbeddedPostgres, free_port  # noqa: E402
+from pypool.embedded import EmbeddedPostgres, free_port, wait_listening  # noqa: E402
 from pypool.observe.distribution import summarise  # noqa: E402
 from pypool.observe.txlog_file import read_lines  # noqa: E402
 
 SIZES = (2, 4, 6, 8, 10, 12, 16, 20, 24)
-
-
-def wait_listening(port: int) -> None:
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"pypool did not listen on {port}")
 
 
 def measure(pg: EmbeddedPostgres, work: Path, size: int, args: argparse.Namespace

@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pypool.embedded import EmbeddedPostgres, free_port  # noqa: E402
+from pypool.embedded import EmbeddedPostgres, free_port, wait_listening  # noqa: E402
 from pypool.observe.distribution import summarise  # noqa: E402
 from pypool.observe.txlog_file import read_lines  # noqa: E402
 
@@ -106,12 +105,7 @@ def run_once(pg: EmbeddedPostgres, work: Path, timeout: float, args: argparse.Na
     proc = subprocess.Popen([sys.executable, "-m", "pypool", str(ini)], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+        wait_listening(port)
         time.sleep(0.5)
         seen = asyncio.run(traffic(f"postgresql://app:app-secret@127.0.0.1:{port}/app", args))
     finally:
