@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import gc
 import logging
 import logging.handlers
 import os
@@ -141,6 +142,11 @@ async def serve(settings: Settings, unix: UnixSocket | None = None,
     pooler.unix_socket = unix
     try:
         await pooler.start()
+        # What start-up made (modules, settings, tables) lives as long as the process: out
+        # of the collector's generations, no collection walks it again (each login's and
+        # each idle client's objects would otherwise make the full ones walk it all).
+        gc.collect()
+        gc.freeze()
         if listening is not None:
             listening()
         pooler.install_signals()

@@ -96,6 +96,7 @@ BOUNDS: dict[str, tuple[int, int]] = {
     "port": (1, 65535),
     "metrics_port": (0, 65535),
     "max_client_conn": (1, MAX_INT),
+    "scram_iterations": (1, MAX_INT),
     "workers": (1, 1024),
     "max_packet_size": (1024, MAX_INT),
     "pkt_buf": (512, MAX_INT),
@@ -198,6 +199,9 @@ class PoolerSettings:
     server_check_delay: float = 30.0
     auth_type: str = "md5"
     auth_file: str = ""
+    # PgBouncer 1.25: PBKDF2 iterations of the SCRAM verifier pypool makes from a plaintext
+    # secret (auth_file, [databases] password), and of an unknown user's mock one.
+    scram_iterations: int = 4096
     # auth_type = hba: PgBouncer's pg_hba.conf subset and its ident maps (auth/hba.py).
     auth_hba_file: str = ""
     auth_ident_file: str = ""

@@ -6,14 +6,20 @@ auth_query, or made from a plaintext password). An unknown user gets a full exch
 against a made-up verifier, so it fails exactly like a wrong password and user names
 cannot be probed.
 
-Towards servers the pooler is a SCRAM client. With a plaintext password scramp does it all.
-With only a verifier (the setup PgBouncer recommends: userlist.txt holds what pg_authid
-holds, no plaintext anywhere) the pooler recovers the ClientKey from the client's own proof,
+Towards servers the pooler is a SCRAM client. With a plaintext password scramp does it all
+(imported only then: it brings some 60 modules and 5 MiB with it). With only a verifier
+(the setup PgBouncer recommends: userlist.txt holds what pg_authid holds, no plaintext
+anywhere) the pooler recovers the ClientKey from the client's own proof,
 
     ClientKey = ClientProof XOR HMAC(StoredKey, AuthMessage)
 
 and later proves itself to PostgreSQL with that ClientKey (`ScramClientKeyLogin`). scramp has
 no hook for logging in without a password, so those few lines of HMAC arithmetic are here.
+
+What a repeated login may reuse is computed once: a stored verifier's parts (`parse`, by its
+text, so a changed auth_file line is a new entry) and a plaintext password's verifier
+(`verifier_for_password`, by user, password and `scram_iterations`: PBKDF2 costs
+milliseconds). Neither holds anything a new password would not replace.
 """
 
 from __future__ import annotations
@@ -23,16 +29,20 @@ import functools
 import hashlib
 import hmac
 import os
+import re
 from dataclasses import dataclass
-
-from scramp import ScramClient, ScramException, ScramMechanism
+from typing import TYPE_CHECKING
 
 from .channel_binding import CHANNEL_BINDING_TYPE
+
+if TYPE_CHECKING:
+    from scramp import ScramClient
 
 MECHANISM = "SCRAM-SHA-256"
 # With channel binding (auth/channel_binding.py), offered over TLS only.
 MECHANISM_PLUS = "SCRAM-SHA-256-PLUS"
-_MECH = ScramMechanism(MECHANISM)
+# PostgreSQL's and PgBouncer's default (`scram_iterations`, both).
+DEFAULT_ITERATIONS = 4096
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,11 @@ class ScramVerifier:
 
     @classmethod
     def parse(cls, text: str) -> ScramVerifier | None:
+        """The verifier `text` spells, None if it is none; parsed once per distinct text."""
+        return _parse_verifier(text)
+
+    @classmethod
+    def _parse(cls, text: str) -> ScramVerifier | None:
         try:
             mech, rest = text.split("$", 1)
             iter_salt, keys = rest.split("$", 1)
@@ -71,10 +86,14 @@ class ScramVerifier:
 
     @classmethod
     def from_password(
-        cls, password: str, iterations: int = 4096, salt: bytes | None = None
+        cls, password: str, iterations: int = DEFAULT_ITERATIONS, salt: bytes | None = None
     ) -> ScramVerifier:
-        salt, stored_key, server_key, iters = _MECH.make_auth_info(password, iterations, salt)
-        return cls(iters, salt, stored_key, server_key)
+        """RFC 5802's keys, as PostgreSQL derives them (scram_build_secret)."""
+        salt = os.urandom(16) if salt is None else salt
+        salted = hashlib.pbkdf2_hmac("sha256", _prepared(password), salt, iterations)
+        client_key = _hmac(salted, b"Client Key")
+        return cls(iterations, salt, hashlib.sha256(client_key).digest(),
+                   _hmac(salted, b"Server Key"))
 
     def __str__(self) -> str:
         b64 = base64.b64encode
@@ -82,6 +101,25 @@ class ScramVerifier:
             f"{MECHANISM}${self.iterations}:{b64(self.salt).decode()}$"
             f"{b64(self.stored_key).decode()}:{b64(self.server_key).decode()}"
         )
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_verifier(text: str) -> ScramVerifier | None:
+    return ScramVerifier._parse(text)
+
+
+def _prepared(password: str) -> bytes:
+    """The password as PBKDF2 takes it: SASLprep'd, or as it is where SASLprep fails (as
+    PostgreSQL and libpq do). An ASCII password without control characters is its own
+    SASLprep, which spares importing scramp's stringprep tables."""
+    if password.isascii() and password.isprintable():
+        return password.encode()
+    from scramp.core import ScramException, saslprep
+
+    try:
+        return str(saslprep(password)).encode()
+    except ScramException:
+        return password.encode()
 
 
 def is_scram_verifier(secret: str) -> bool:
@@ -101,17 +139,22 @@ def mock_salt(user: str) -> bytes:
 
 
 @functools.lru_cache(maxsize=4096)
-def verifier_for_password(user: str, password: str) -> ScramVerifier:
-    """The verifier a plaintext auth_file entry stands for, computed once per (user, password).
+def verifier_for_password(user: str, password: str,
+                          iterations: int = DEFAULT_ITERATIONS) -> ScramVerifier:
+    """The verifier a plaintext auth_file entry stands for, computed once per (user,
+    password, scram_iterations): a changed password or setting is a new entry.
 
     PBKDF2 costs milliseconds; caching it keeps connect-heavy loads cheap and makes a known
-    user with a plaintext secret answer as fast as an unknown user's mock exchange.
+    user with a plaintext secret answer as fast as an unknown user's mock exchange. The
+    salt is the user's mock salt, so the two look alike to a prober too.
     """
-    return ScramVerifier.from_password(password, salt=mock_salt(user))
+    return ScramVerifier.from_password(password, iterations, mock_salt(user))
 
 
 def _xor(a: bytes, b: bytes) -> bytes:
-    return bytes(x ^ y for x, y in zip(a, b, strict=True))
+    if len(a) != len(b):
+        raise ValueError("keys of different lengths")
+    return (int.from_bytes(a, "big") ^ int.from_bytes(b, "big")).to_bytes(len(a), "big")
 
 
 class ScramAuthError(Exception):
@@ -145,9 +188,12 @@ def _attribute_list(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
+_PRINTABLE = re.compile(r"[!-+\--~]*")
+
+
 def _printable(value: str) -> bool:
     """RFC 5802's `printable`: %x21-2B / %x2D-7E, what a nonce is made of."""
-    return all("!" <= c <= "~" and c != "," for c in value)
+    return _PRINTABLE.fullmatch(value) is not None
 
 
 def _decode(data: bytes, what: str) -> str:
@@ -174,16 +220,18 @@ class ScramServerExchange:
     """
 
     def __init__(self, verifier: ScramVerifier | None, user: str = "",
-                 channel_binding: bytes | None = None) -> None:
+                 channel_binding: bytes | None = None,
+                 mock_iterations: int = DEFAULT_ITERATIONS) -> None:
         self.known = verifier is not None
         # The tls-server-end-point data of the certificate the pooler presented: SCRAM-SHA-
         # 256-PLUS is on offer. `plus`: the client chose it (set before client_first).
         self.channel_binding = channel_binding
         self.plus = False
         # Like PostgreSQL's mock: a salt that is stable per user name (a changing salt
-        # would tell an unknown user from a known one) and no PBKDF2 work to time.
+        # would tell an unknown user from a known one) and no PBKDF2 work to time. Its
+        # iteration count is the one a plaintext secret's verifier has (scram_iterations).
         self.verifier = verifier or ScramVerifier(
-            4096, mock_salt(user), os.urandom(32), os.urandom(32)
+            mock_iterations, mock_salt(user), os.urandom(32), os.urandom(32)
         )
         self.client_key: bytes | None = None
         self._gs2_header = ""
@@ -346,8 +394,10 @@ class ScramClientLogin:
         self._client_key = client_key
         self._server_key = server_key
         self.mechanism = MECHANISM if channel_binding is None else MECHANISM_PLUS
-        self._scramp = None
+        self._scramp: ScramClient | None = None
         if password is not None:
+            from scramp import ScramClient
+
             binding = (None if channel_binding is None
                        else (CHANNEL_BINDING_TYPE, channel_binding))
             self._scramp = ScramClient([self.mechanism], user, password,
@@ -373,15 +423,23 @@ class ScramClientLogin:
         """
         try:
             return self._server_first(data)
-        except (ScramException, ValueError, KeyError) as bad:
+        except self._errors() as bad:
             raise ScramAuthError(f"malformed SCRAM server-first-message: {bad}") from None
 
     def server_final(self, data: bytes) -> None:
         """Checks server-final-message; ScramAuthError if it does not prove the server."""
         try:
             self._server_final(data)
-        except (ScramException, ValueError, KeyError) as bad:
+        except self._errors() as bad:
             raise ScramAuthError(f"SCRAM server-final-message does not verify: {bad}") from None
+
+    def _errors(self) -> tuple[type[Exception], ...]:
+        """What a malformed server message raises here (scramp's own only with scramp)."""
+        if self._scramp is None:
+            return (ValueError, KeyError)
+        from scramp import ScramException
+
+        return (ScramException, ValueError, KeyError)
 
     def _server_first(self, data: bytes) -> bytes:
         text = data.decode()

@@ -41,6 +41,7 @@ from typing import Final
 
 from ..auth.md5 import is_md5_hash, md5_hash, md5_response
 from ..auth.scram import (
+    DEFAULT_ITERATIONS,
     MECHANISM,
     MECHANISM_PLUS,
     ScramAuthError,
@@ -300,19 +301,23 @@ def auth_method(secret: str | None, auth_type: str) -> str:
 
 def password_exchange(user: str, secret: str | None, auth_type: str, max_packet: int,
                       channel_binding: bytes | None = None,
+                      scram_iterations: int = DEFAULT_ITERATIONS,
                       ) -> Generator[bytes, bytes, Authenticated]:
     """Ask `user` for a password and check it against `secret` (None: an unknown user, whose
     exchange runs in full and fails as a wrong password would). Its first yield is the
     authentication request. `channel_binding`: over TLS, the tls-server-end-point data of
-    the pooler's certificate, and SCRAM-SHA-256-PLUS is offered first, as PostgreSQL does."""
+    the pooler's certificate, and SCRAM-SHA-256-PLUS is offered first, as PostgreSQL does.
+    `scram_iterations`: of the verifier made from a plaintext secret, and of an unknown
+    user's mock one (the same, so that the count tells nothing)."""
     # A password or SASL step is small: refuse a bigger header before its body.
     messages = MessageBuffer(min(max_packet, MAX_AUTH_MESSAGE + HEADER_SIZE))
     method = auth_method(secret, auth_type)
     if method == SCRAM:
         verifier = None
         if secret is not None and not is_md5_hash(secret):  # an md5 hash cannot check SCRAM
-            verifier = ScramVerifier.parse(secret) or verifier_for_password(user, secret)
-        exchange = ScramServerExchange(verifier, user, channel_binding)
+            verifier = (ScramVerifier.parse(secret)
+                        or verifier_for_password(user, secret, scram_iterations))
+        exchange = ScramServerExchange(verifier, user, channel_binding, scram_iterations)
         offered = [MECHANISM] if channel_binding is None else [MECHANISM_PLUS, MECHANISM]
         messages.feed((yield m.authentication_sasl(offered)))
         return (yield from _sasl(exchange, messages))

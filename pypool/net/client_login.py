@@ -12,7 +12,9 @@ bounded, and relayed after the welcome. It owns the login's state and nothing af
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import sys
 from collections.abc import Generator
 from typing import TYPE_CHECKING
 
@@ -39,13 +41,16 @@ log = logging.getLogger("pypool.client")
 class ClientLogin:
     """The login of one client connection."""
 
+    # Held for every idle client, so no __dict__ (10,000 idle clients: issue 15).
+    __slots__ = ("client", "_startup", "_buffer", "_auth", "_channel_binding", "_handshaking",
+                 "_early", "_final")
+
     def __init__(self, client: ClientConnection) -> None:
         self.client = client
-        # The startup packet's exchange, what the client sends between its StartupMessage
-        # and start_auth(), then the password exchange.
-        self._startup: Generator[bytes, bytes, FirstPacket | StartTls] = (
-            client_login.read_startup())
-        next(self._startup)
+        # The startup packet's exchange (made by connected(); None once it has returned),
+        # what the client sends between its StartupMessage and start_auth(), then the
+        # password exchange.
+        self._startup: Generator[bytes, bytes, FirstPacket | StartTls] | None = None
         self._buffer = bytearray()
         self._auth: Generator[bytes, bytes, Authenticated] | None = None
         # The tls-server-end-point data SCRAM-SHA-256-PLUS binds to (TLS only).
@@ -56,7 +61,9 @@ class ClientLogin:
         # StartupMessage travels with its Finished, and the layer may deliver it before the
         # handshake's waiter has woken tls_started. It waits here for the new exchange.
         self._handshaking = False
-        self._early = bytearray()
+        self._early = b""
+        # SCRAM's AuthenticationSASLFinal, held to leave with the welcome in one write.
+        self._final = b""
 
     def connected(self, over_unix_socket: bool) -> None:
         """The connection is up: read its startup packet as the TLS settings say."""
@@ -67,7 +74,7 @@ class ClientLogin:
     def startup_data(self, data: bytes) -> None:
         client = self.client
         if self._handshaking:
-            self._early += data
+            self._early = self._early + data
             if len(self._early) > MAX_AUTH_MESSAGE:  # a StartupMessage, then a password
                 raise errors.ClientProtocolError(
                     f"{len(self._early)} bytes sent before the startup packet was read")
@@ -78,9 +85,11 @@ class ClientLogin:
             self._buffer += data
             client_login.check_held(self._buffer)
             return
+        assert self._startup is not None
         first = advance(self._startup, data, client.write)
         if first is None:
             return
+        self._startup = None  # done: an idle client keeps no finished generator
         if isinstance(first, StartTls):
             self._handshaking = True
             self._start_tls(first.hello)
@@ -92,10 +101,11 @@ class ClientLogin:
             client.close("cancel request")
             return
         settings = pooler.settings.pooler
-        client.user, client.database = client_login.login_names(packet.params)
-        client.startup_params = packet.params
+        startup_params = shared_startup_params(packet.params)
+        client.user, client.database = client_login.login_names(startup_params)
+        client.startup_params = startup_params
         client.params.update(client_login.tracked_parameters(
-            packet.params, settings.track_extra_parameters, settings.ignore_startup_parameters))
+            startup_params, settings.track_extra_parameters, settings.ignore_startup_parameters))
         if settings.log_connections:
             log.info("%r: login attempt: db=%s user=%s tls=%s", client, client.database,
                      client.user, client.tls_info or "no")
@@ -128,7 +138,8 @@ class ClientLogin:
         else:
             client.on(ClientEvent.AUTH_REQUESTED)
             self._auth = client_login.password_exchange(
-                client.user, secret, auth_type, client.reader.max_packet, self._channel_binding)
+                client.user, secret, auth_type, client.reader.max_packet, self._channel_binding,
+                client.pooler.settings.pooler.scram_iterations)
             client.write(next(self._auth))  # the authentication request
         if self._buffer and client.state is not ClientState.CLOSED:
             # What the client sent after its StartupMessage while auth_query ran (or in the
@@ -169,8 +180,7 @@ class ClientLogin:
                 "extension"))
             return
         if self._early:
-            early = bytes(self._early)
-            self._early.clear()
+            early, self._early = self._early, b""
             client.data_received(early)
 
     def tls_failed(self, reason: str) -> None:
@@ -185,9 +195,15 @@ class ClientLogin:
         if done is None:
             return
         self._auth = None
-        if done.reply:
-            client.write(done.reply)
-        self.authenticated(done.client_key)
+        # SASLFinal goes with the welcome when that follows at once (one write, one wake-up
+        # of the client); else, and before any error, on its own.
+        self._final = done.reply
+        try:
+            self.authenticated(done.client_key)
+        finally:
+            if self._final:
+                final, self._final = self._final, b""
+                client.write(final)
         if client.state is not ClientState.AUTH and done.rest:
             client.reader.partial += done.rest
 
@@ -204,26 +220,20 @@ class ClientLogin:
         client = self.client
         params = client.params
         cfg = client.pooler.settings.pooler
-        out = [m.authentication(m.AUTH_OK)]
         encoding = params.get("client_encoding")
         server_encoding = server_params.get("client_encoding")
         if encoding and server_encoding and same_encoding(encoding, server_encoding):
             params["client_encoding"] = server_encoding  # reported as PostgreSQL would
-        for name, value in server_params.items():
-            if name in params:
-                continue
-            out.append(m.parameter_status(name, value))
-        for name, value in params.items():
-            out.append(m.parameter_status(name, value))
+        statuses, defaults = _welcome_parameters(server_params, params,
+                                                 cfg.track_extra_parameters)
         # Tracked parameters the client did not set take the server's defaults.
-        for name, value in server_params.items():
-            if canonical_name(name, cfg.track_extra_parameters):
-                params.setdefault(name, value)
-        out.append(m.backend_key_data(*client.cancel_key))
+        for name, value in defaults:
+            params.setdefault(name, value)
         reader = client.reader
         reader.admin = client.admin is not None
-        out.append(m.ready_for_query(m.TX_IDLE))
-        client.write(b"".join(out))
+        final, self._final = self._final, b""
+        client.write(b"".join((final, _AUTH_OK, statuses,
+                               m.backend_key_data(*client.cancel_key), _READY_IDLE)))
         client.on(ClientEvent.WELCOMED)
         pool = client.pool
         if (cfg.max_prepared_statements > 0 and pool is not None and client.admin is None
@@ -238,6 +248,56 @@ class ClientLogin:
             if policy == "reject":
                 reader.reject = "transaction"
             elif policy == "follow":
-                client.session = ss.ClientSession(frozenset(
-                    name.lower().encode() for name in (*TRACKED, *cfg.track_extra_parameters)))
+                client.session = ss.ClientSession(_followed(cfg.track_extra_parameters))
         client.carry_on()
+
+
+# --- what every login shares --------------------------------------------------------------
+# A connect-per-transaction client makes these per login, and 10,000 idle clients hold them:
+# each distinct value is made once and shared (none of them is changed in place).
+
+_AUTH_OK = m.authentication(m.AUTH_OK)
+_READY_IDLE = m.ready_for_query(m.TX_IDLE)
+# Bounds on the caches below: distinct startup packets and parameter sets are few in
+# practice; past the bound a cache starts over rather than grow with hostile input.
+_SHARED_MAX = 512
+_shared_startup: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+_welcomes: dict[tuple[object, ...], tuple[bytes, tuple[tuple[str, str], ...]]] = {}
+
+
+def shared_startup_params(params: dict[str, str]) -> dict[str, str]:
+    """A StartupMessage's parameters, as one dict shared by every client that sent the same
+    (only read after login: hba, SHOW CLIENTS)."""
+    key = tuple(params.items())
+    shared = _shared_startup.get(key)
+    if shared is None:
+        if len(_shared_startup) >= _SHARED_MAX:
+            _shared_startup.clear()
+        shared = _shared_startup[key] = {sys.intern(k): v for k, v in params.items()}
+    return shared
+
+
+def _welcome_parameters(server_params: dict[str, str], params: dict[str, str],
+                        track_extra: tuple[str, ...],
+                        ) -> tuple[bytes, tuple[tuple[str, str], ...]]:
+    """The welcome's ParameterStatus messages (the server's values, then the client's own,
+    which win) and the server's values of the tracked parameters the client did not set."""
+    key = (tuple(server_params.items()), tuple(params.items()), track_extra)
+    cached = _welcomes.get(key)
+    if cached is not None:
+        return cached
+    out = [m.parameter_status(name, value) for name, value in server_params.items()
+           if name not in params]
+    out += [m.parameter_status(name, value) for name, value in params.items()]
+    defaults = tuple((name, value) for name, value in server_params.items()
+                     if name not in params and canonical_name(name, track_extra))
+    if len(_welcomes) >= _SHARED_MAX:
+        _welcomes.clear()
+    cached = _welcomes[key] = (b"".join(out), defaults)
+    return cached
+
+
+@functools.lru_cache(maxsize=16)
+def _followed(track_extra: tuple[str, ...]) -> frozenset[bytes]:
+    """The reported parameters, lower case, that session_state = follow leaves alone."""
+    return frozenset(name.lower().encode() for name in (*TRACKED, *track_extra))
