@@ -416,6 +416,7 @@ OUT_OF_RANGE = [
     ("max_prepared_statements", "-1", ">= 0"),
     ("pipeline_depth", "-1", ">= 0"),
     ("max_client_conn", "0", ">= 1"),
+    ("scram_iterations", "0", ">= 1"),
     ("listen_port", "0", "between 1 and 65535"),
     ("listen_port", "65536", "between 1 and 65535"),
     ("metrics_port", "70000", "between 0 and 65535"),
@@ -607,3 +608,9 @@ def test_example_ini_lists_every_key_with_its_default() -> None:
         assert match, f"{f.name} is not in config/pypool.ini"
         if not match.group(1):
             assert getattr(settings, f.name) == getattr(defaults, f.name), f.name
+
+
+def test_scram_iterations_defaults_to_4096_and_is_read(tmp_path: Path) -> None:
+    assert PoolerSettings().scram_iterations == 4096
+    path = write_ini(tmp_path, "[databases]\n\n[pgbouncer]\nscram_iterations = 10000\n")
+    assert load_ini(path).pooler.scram_iterations == 10000

@@ -23,6 +23,7 @@ from pypool.auth.scram import (
     ScramServerExchange,
     ScramVerifier,
     is_scram_verifier,
+    verifier_for_password,
 )
 
 pytestmark = pytest.mark.timeout(20)
@@ -83,6 +84,53 @@ def test_verifier_from_password_matches_rfc_5802_math() -> None:
     assert v.salt == salt
     assert v.stored_key == hashlib.sha256(_hmac(salted, b"Client Key")).digest()
     assert v.server_key == _hmac(salted, b"Server Key")
+
+
+def test_verifier_from_password_is_postgresqls_with_saslprep() -> None:
+    """The same keys scramp's make_auth_info (SASLprep, then PBKDF2) gives, for ASCII and
+    for a password SASLprep changes (a no-break space becomes a space)."""
+    from scramp import ScramMechanism
+
+    mechanism = ScramMechanism(MECHANISM)
+    for password in (PASSWORD, "pässwörd\u00a0x"):
+        salt = os.urandom(16)
+        _, stored, server, _ = mechanism.make_auth_info(password, 4096, salt)
+        v = ScramVerifier.from_password(password, 4096, salt)
+        assert (v.stored_key, v.server_key) == (stored, server)
+    assert (ScramVerifier.from_password("p\u00a0w", 4096, b"s" * 16)
+            == ScramVerifier.from_password("p w", 4096, b"s" * 16))
+    # SASLprep refuses a control character: the raw password is used, as in PostgreSQL.
+    raw = ScramVerifier.from_password("tab\there", 4096, b"s" * 16)
+    salted = salted_password("tab\there", b"s" * 16, 4096)
+    assert raw.stored_key == hashlib.sha256(_hmac(salted, b"Client Key")).digest()
+
+
+def test_a_plaintext_secrets_verifier_is_made_once_per_password_and_count() -> None:
+    first = verifier_for_password("cache_user", PASSWORD, 4096)
+    assert verifier_for_password("cache_user", PASSWORD, 4096) is first  # cached
+    changed = verifier_for_password("cache_user", "new-secret", 4096)
+    assert changed.stored_key != first.stored_key  # a new password is a new entry
+    assert changed.salt == first.salt  # the user's stable (mock) salt
+    fewer = verifier_for_password("cache_user", PASSWORD, 1024)
+    assert fewer.iterations == 1024 and fewer.stored_key != first.stored_key
+
+
+def test_a_stored_verifier_is_parsed_once_per_text() -> None:
+    text = str(ScramVerifier.from_password(PASSWORD, 4096, b"0123456789abcdef"))
+    assert ScramVerifier.parse(text) is ScramVerifier.parse(text)
+    other = str(ScramVerifier.from_password("new-secret", 4096, b"0123456789abcdef"))
+    assert ScramVerifier.parse(other) != ScramVerifier.parse(text)
+
+
+def test_scram_iterations_is_the_count_offered_for_plaintext_and_unknown_users() -> None:
+    for verifier in (verifier_for_password("u", PASSWORD, 2048), None):
+        server = ScramServerExchange(verifier, "u", mock_iterations=2048)
+        first = server.client_first(LibpqStyleClient(PASSWORD).first())
+        assert first.decode().endswith(",i=2048")
+    client = LibpqStyleClient(PASSWORD)
+    server = ScramServerExchange(verifier_for_password("u", PASSWORD, 2048), "u")
+    client.check_final(server.client_final(client.final(server.client_first(client.first()))))
+    assert server.client_key is not None
 
 
 def test_verifier_text_round_trip() -> None:

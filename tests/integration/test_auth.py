@@ -17,6 +17,7 @@ from scramp import ScramClient
 from pypool.auth.md5 import md5_hash, md5_response_from_secret
 from pypool.protocol import messages as m
 
+from .polling import wait_for
 from .rawclient import RawClient
 
 pytestmark = pytest.mark.timeout(60)
@@ -177,6 +178,55 @@ def test_trust_takes_any_password(pooler: Callable) -> None:
     login = raw_login(p, APP, "whatever")
     assert login.method == -1  # no password was asked for
     assert login.error is None and login.kinds[0] == "R0"
+
+
+def test_scram_iterations_sets_the_count_of_a_plaintext_secrets_verifier(
+    pooler: Callable, postgres  # type: ignore[no-untyped-def]
+) -> None:
+    # 8192 for scramp's client here (it refuses fewer than 4096); libpq takes any count.
+    p = pooler({"scram_iterations": "8192"})
+    login = raw_login(p, APP, APP_PW)
+    assert login.iterations == "8192" and login.error is None and login.kinds[-1] == "Z"
+    assert raw_login(p, "ghost_user", "x").iterations == "8192"  # the mock one too
+    with psycopg.connect(p.dsn("pgbouncer", ADMIN, ADMIN_PW), autocommit=True) as admin:
+        rows = {r[0]: r[1:] for r in admin.execute("SHOW CONFIG").fetchall()}
+    assert rows["scram_iterations"] == ("8192", "4096", "yes")
+    # A stored verifier keeps its own count.
+    p2 = pooler({"scram_iterations": "8192"}, userlist={APP: postgres.scram_verifier(APP)})
+    assert raw_login(p2, APP, APP_PW).iterations == "4096"
+    p3 = pooler({"scram_iterations": "100"})
+    assert query_as(p3) == "app@app"  # libpq, 100 iterations
+
+
+@pytest.mark.parametrize("secret", ["plaintext", "verifier"])
+def test_a_changed_password_in_the_auth_file_replaces_the_cached_one(
+    pooler: Callable, postgres, secret: str  # type: ignore[no-untyped-def]
+) -> None:
+    """Logins reuse a secret's parsed or derived verifier; after a password change (in
+    PostgreSQL and in the auth_file) and a reload, the new password must get in and the old
+    one must not."""
+    user = f"rotating_{secret}"
+    postgres.execute(f"DROP ROLE IF EXISTS {user}")
+    postgres.create_role(user, "old-secret")
+
+    def entry(password: str) -> str:
+        return password if secret == "plaintext" else postgres.scram_verifier(user)
+
+    p = pooler(userlist={user: entry("old-secret"), ADMIN: ADMIN_PW})
+    try:
+        assert query_as(p, user, "old-secret") == f"{user}@app"
+        assert raw_login(p, user, "old-secret").error is None
+        postgres.execute(f"ALTER ROLE {user} PASSWORD 'new-secret'")
+        p.rewrite_config(userlist={user: entry("new-secret"), ADMIN: ADMIN_PW})
+        p.reload()
+        assert wait_for(lambda: raw_login(p, user, "old-secret").error is not None, timeout=10)
+        old = raw_login(p, user, "old-secret")
+        assert old.error is not None and old.error["C"] == "28P01"
+        assert raw_login(p, user, "new-secret").error is None
+        assert query_as(p, user, "new-secret") == f"{user}@app"
+    finally:
+        p.stop()
+        postgres.execute(f"DROP ROLE IF EXISTS {user}")
 
 
 # --- failures -----------------------------------------------------------------------------
