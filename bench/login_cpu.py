@@ -11,7 +11,8 @@ client side is cheap) each log in, run `SELECT 1` and disconnect, `--logins` tim
 all, and the pooler's CPU (/proc, user + system) over that is printed per login.
 `--tree DIR` runs another checkout's pypool. `--pgbouncer PATH` measures that binary in
 the same way after pypool. `--profile FILE` runs pypool under cProfile and writes its
-stats to FILE (the CPU figure is then the profiler's, not the pooler's). `--idle N`
+stats to FILE (the CPU figure is then the profiler's, not the pooler's); `--perf FILE`
+samples its CPU (`perf record -g`) over the measured logins. `--idle N`
 instead opens N connections, keeps them, and prints the pooler's RSS before and after
 (and /proc/PID/smaps_rollup).
 """
@@ -123,9 +124,17 @@ def measure(name: str, command: list[str], port: int, args: argparse.Namespace,
             asyncio.run(hold_idle(port, args.idle, proc.pid))
             return
         asyncio.run(logins(port, 200, args.clients))  # warm up
+        perf = None
+        if args.perf:
+            perf = subprocess.Popen(["perf", "record", "-q", "-F", "4000", "-g", "-o",
+                                     os.path.abspath(args.perf), "-p", str(proc.pid)])
+            time.sleep(0.5)
         times0, wall0 = user_system(proc.pid), time.monotonic()
         asyncio.run(logins(port, args.logins, args.clients))
         wall = time.monotonic() - wall0
+        if perf is not None:
+            perf.send_signal(signal.SIGINT)
+            perf.wait(timeout=60)
         user, system = (b - a for a, b in zip(times0, user_system(proc.pid), strict=True))
         per = 1e6 / args.logins
         print(f"{name}: {args.logins} logins in {wall:.2f} s ({args.logins / wall:.0f}/s), "
@@ -141,6 +150,7 @@ def main() -> None:
     parser.add_argument("--logins", type=int, default=3000)
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--profile", help="write pypool's cProfile stats here")
+    parser.add_argument("--perf", help="perf record -g the pooler during the logins, to here")
     parser.add_argument("--pgbouncer", help="also measure this PgBouncer binary")
     parser.add_argument("--idle", type=int, default=0, help="hold this many idle clients")
     parser.add_argument("--tree", default=str(REPO),

@@ -127,7 +127,7 @@ def is_scram_verifier(secret: str) -> bool:
 
 
 def _hmac(key: bytes, msg: bytes) -> bytes:
-    return hmac.new(key, msg, hashlib.sha256).digest()
+    return hmac.digest(key, msg, "sha256")  # OpenSSL's one-shot: no HMAC object
 
 
 _MOCK_KEY = os.urandom(32)

@@ -51,7 +51,7 @@ class ClientLogin:
         # what the client sends between its StartupMessage and start_auth(), then the
         # password exchange.
         self._startup: Generator[bytes, bytes, FirstPacket | StartTls] | None = None
-        self._buffer = bytearray()
+        self._buffer = b""
         self._auth: Generator[bytes, bytes, Authenticated] | None = None
         # The tls-server-end-point data SCRAM-SHA-256-PLUS binds to (TLS only).
         self._channel_binding: bytes | None = None
@@ -144,8 +144,7 @@ class ClientLogin:
         if self._buffer and client.state is not ClientState.CLOSED:
             # What the client sent after its StartupMessage while auth_query ran (or in the
             # same read as it).
-            rest = bytes(self._buffer)
-            self._buffer.clear()
+            rest, self._buffer = self._buffer, b""
             client.data_received(rest)
 
     def _start_tls(self, hello: bytes) -> None:
