@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .net.client import ClientConnection
     from .net.hooks import TransactionLog, WireTrace
     from .net.unix_socket import UnixSocket
+    from .observe.view import PoolerView
     from .pooler import Pooler
 
 log = logging.getLogger("pypool")
@@ -101,20 +102,29 @@ def build_pooler(settings: Settings) -> Pooler:
     console's commands drive it through its own methods (admin/control.py). Called on the
     running event loop, by `serve` (python -m pypool, the embedded quick start, each worker).
     """
-    from .admin import console
-    from .observe.view import PoolerView
     from .pooler import Pooler
 
     pooler = Pooler(settings)
-    view = PoolerView(pooler)
+    views: list[PoolerView] = []
+
+    def view() -> PoolerView:
+        # The console and the view are imported at their first use (about 1 MiB that a
+        # pooler nobody administers never needs).
+        if not views:
+            from .observe.view import PoolerView
+
+            views.append(PoolerView(pooler))
+        return views[0]
 
     def open_console(client: ClientConnection) -> None:
-        console.open_console(view, pooler, client)
+        from .admin import console
+
+        console.open_console(view(), pooler, client)
 
     async def serve_metrics(addrs: str, port: int) -> list[asyncio.AbstractServer]:
         from . import metrics  # prometheus_client is imported only with metrics_port set
 
-        return await metrics.serve_metrics(view, addrs, port)
+        return await metrics.serve_metrics(view(), addrs, port)
 
     def open_txlog(path: str) -> TransactionLog:
         from .observe.txlog import TxLog
