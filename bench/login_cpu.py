@@ -14,7 +14,9 @@ the same way after pypool. `--profile FILE` runs pypool under cProfile and write
 stats to FILE (the CPU figure is then the profiler's, not the pooler's); `--perf FILE`
 samples its CPU (`perf record -g`) over the measured logins. `--idle N`
 instead opens N connections, keeps them, and prints the pooler's RSS before and after
-(and /proc/PID/smaps_rollup).
+(and /proc/PID/smaps_rollup). `--pgbench S` runs `pgbench -S -C` for S seconds instead
+and adds pgbench's own CPU per transaction (its PBKDF2); `--plaintext` puts the password in
+the auth_file instead of pg_authid's verifier, `--set 'key = value'` adds an ini line.
 """
 
 from __future__ import annotations
@@ -36,14 +38,21 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(REPO))
 
-from pypool.embedded import EmbeddedPostgres, free_port, wait_listening  # noqa: E402
+from pypool.embedded import (  # noqa: E402
+    EmbeddedPostgres,
+    find_pg_bindir,
+    free_port,
+    wait_listening,
+)
 
 USER, PASSWORD = "bench", "bench-secret"
 
 
-def write_config(workdir: Path, pg: EmbeddedPostgres, port: int) -> Path:
+def write_config(workdir: Path, pg: EmbeddedPostgres, port: int,
+                 args: argparse.Namespace) -> Path:
     userlist = workdir / "userlist.txt"
-    userlist.write_text(f'"{USER}" "{pg.scram_verifier(USER)}"\n')
+    secret = PASSWORD if args.plaintext else pg.scram_verifier(USER)
+    userlist.write_text(f'"{USER}" "{secret}"\n')
     ini = workdir / "pgbouncer.ini"
     ini.write_text(
         "[databases]\n"
@@ -53,6 +62,7 @@ def write_config(workdir: Path, pg: EmbeddedPostgres, port: int) -> Path:
         f"auth_type = scram-sha-256\nauth_file = {userlist}\n"
         "pool_mode = transaction\ndefault_pool_size = 20\nmax_client_conn = 12000\n"
         "log_connections = 0\nlog_disconnections = 0\n"
+        + "".join(f"{setting}\n" for setting in args.set)
     )
     if os.geteuid() == 0:
         import pwd
@@ -113,6 +123,31 @@ def user_system(pid: int) -> tuple[float, float]:
     return user / procstats.CLOCK_TICKS, system / procstats.CLOCK_TICKS
 
 
+def pgbench(name: str, port: int, pid: int, args: argparse.Namespace) -> None:
+    """`pgbench -S -C` (a SCRAM login per transaction, libpq's own PBKDF2) for
+    `args.pgbench` seconds: TPS, and the CPU per transaction of the pooler and of pgbench."""
+    command = [str(Path(find_pg_bindir()) / "pgbench"), "-n", "-S", "-C", "-M", "simple",
+               "-c", str(args.clients), "-j", str(min(4, args.clients)),
+               "-T", str(args.pgbench), "-h", "127.0.0.1", "-p", str(port), "-U", USER, "bench"]
+    times0 = user_system(pid)
+    child = subprocess.Popen(command, env=dict(os.environ, PGPASSWORD=PASSWORD),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert child.stdout is not None
+    out = child.stdout.read()
+    _, _, usage = os.wait4(child.pid, 0)  # pgbench's own CPU
+    child.returncode = 0
+    user, system = (b - a for a, b in zip(times0, user_system(pid), strict=True))
+    lines = out.splitlines()
+    if not any(line.startswith("tps =") for line in lines):
+        raise SystemExit(f"pgbench failed:\n{out}")
+    tx = int(next(line.split()[-1] for line in lines
+                  if "transactions actually processed" in line).split("/")[0])
+    tps = next(line.split()[2] for line in lines if line.startswith("tps ="))
+    print(f"{name}: pgbench -S -C -c {args.clients}: {tps} tps, {tx} tx; CPU per tx: pooler "
+          f"{(user + system) * 1e6 / tx:.0f} us, pgbench "
+          f"{(usage.ru_utime + usage.ru_stime) * 1e6 / tx:.0f} us")
+
+
 def measure(name: str, command: list[str], port: int, args: argparse.Namespace,
             env: dict[str, str] | None = None) -> None:
     proc = subprocess.Popen(command, env=env, cwd=workdir_of(command), stdin=subprocess.DEVNULL,
@@ -122,6 +157,9 @@ def measure(name: str, command: list[str], port: int, args: argparse.Namespace,
         asyncio.run(one_login(port))  # the pool is up, the first server logged in
         if args.idle:
             asyncio.run(hold_idle(port, args.idle, proc.pid))
+            return
+        if args.pgbench:
+            pgbench(name, port, proc.pid, args)
             return
         asyncio.run(logins(port, 200, args.clients))  # warm up
         perf = None
@@ -153,17 +191,27 @@ def main() -> None:
     parser.add_argument("--perf", help="perf record -g the pooler during the logins, to here")
     parser.add_argument("--pgbouncer", help="also measure this PgBouncer binary")
     parser.add_argument("--idle", type=int, default=0, help="hold this many idle clients")
+    parser.add_argument("--pgbench", type=int, default=0,
+                        help="run pgbench -S -C this many seconds instead of the logins")
+    parser.add_argument("--plaintext", action="store_true",
+                        help="the auth_file holds the password, not pg_authid's verifier")
+    parser.add_argument("--set", action="append", default=[],
+                        help="an extra [pgbouncer] line, e.g. --set 'scram_iterations = 1024'")
     parser.add_argument("--tree", default=str(REPO),
                         help="the pypool checkout to run (default: this one)")
     args = parser.parse_args()
     with EmbeddedPostgres() as pg:
         pg.create_role(USER, PASSWORD)
         pg.execute(f"CREATE DATABASE bench OWNER {USER}")
+        if args.pgbench:
+            subprocess.run([pg.tool("pgbench"), "-i", "-q", "-s", "1", "-h", pg.host,
+                            "-p", str(pg.port), "-U", USER, "bench"], check=True,
+                           env=dict(os.environ, PGPASSWORD=PASSWORD), capture_output=True)
         with tempfile.TemporaryDirectory(prefix="pypool-login-") as tmp:
             workdir = Path(tmp)
             os.chmod(workdir, 0o755)
             port = free_port()
-            ini = write_config(workdir, pg, port)
+            ini = write_config(workdir, pg, port, args)
             env = dict(os.environ, PYTHONPATH=args.tree)
             python = [sys.executable]
             if args.profile:
@@ -171,7 +219,7 @@ def main() -> None:
             measure("pypool", [*python, "-m", "pypool", str(ini)], port, args, env)
             if args.pgbouncer:
                 port = free_port()
-                ini = write_config(workdir, pg, port)
+                ini = write_config(workdir, pg, port, args)
                 command = [args.pgbouncer, str(ini)]
                 if os.geteuid() == 0:
                     command = ["runuser", "-u", "postgres", "--", *command]
