@@ -9,8 +9,9 @@ costs to relay one, and moves far less. One throwaway PostgreSQL (bench/pg_clust
 `pgbench -i -s 1`); pypool from this checkout and PgBouncer from the same pgbouncer.ini
 (bench/poolers.py), a fresh pooler per run; `pgbench -S -M simple -c 50 -j 4` for
 --seconds. Each round runs both poolers quiet, then both busy: while pgbench runs,
---hogs CPU hogs (`python3 -c 'while 1: pass'`, with --pin each held to one CPU) compete
-for the machine's CPUs, and are stopped when it ends.
+--hogs CPU hogs (`python3 -c 'while 1: pass'`, each in a session of its own as another
+program would be; with --pin each held to one CPU; with --share-session in pgbench's
+session) compete for the machine's CPUs, and are stopped when it ends.
 
 Writes data.json, result.md and (with matplotlib) chart.png beside this file.
 """
@@ -41,15 +42,20 @@ KEYS = ("tps", "pooler_cpu_us_per_tx", "latency_ms.p50", "latency_ms.p99", "mach
         "hog_cpu_s", "pg_cpu_s_per_1k")
 
 
-def hogs(count: int, pin: bool) -> Callable[[], Callable[[], dict[str, float]]]:
+def hogs(count: int, pin: bool, share_session: bool
+         ) -> Callable[[], Callable[[], dict[str, float]]]:
     """What starts ``count`` CPU hogs and returns what stops them and says how much CPU they
-    took (side_by_side.measure's ``during``)."""
+    took (side_by_side.measure's ``during``). Each hog is a session of its own, as another
+    program on the machine would be, unless ``share_session``: Linux's autogroup scheduling
+    shares the CPUs between sessions first, so hogs in pgbench's session take their CPU from
+    pgbench above all."""
 
     def start() -> Callable[[], dict[str, float]]:
         cpus = sorted(os.sched_getaffinity(0))
         procs = []
         for number in range(count):
-            proc = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
+            proc = subprocess.Popen([sys.executable, "-c", "while 1: pass"],
+                                    start_new_session=not share_session)
             if pin:
                 os.sched_setaffinity(proc.pid, {cpus[number % len(cpus)]})
             procs.append(proc)
@@ -98,7 +104,9 @@ def chart(runs: list[dict[str, Any]], medians: dict, path: Path, title: str) -> 
             quiet = medians[target]["quiet"][key]
             busy = medians[target]["busy"][key]
             if quiet and busy:
-                axis.annotate(f"x{busy / quiet:.2f}", (t_index * 3 + 1, busy),
+                top = max([busy, *(sbs.median_of([r], key) or 0 for r in runs
+                                   if r["target"] == target and r["condition"] == "busy")])
+                axis.annotate(f"x{busy / quiet:.2f}", (t_index * 3 + 1, top),
                               textcoords="offset points", xytext=(0, 4), ha="center",
                               fontsize=9)
         axis.set_xticks([0, 1, 3, 4], [f"{NAMES[t]}\n{c}" for t in NAMES for c in CONDITIONS],
@@ -125,10 +133,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hogs", type=int, default=2, help="CPU hogs while busy")
     parser.add_argument("--pin", action="store_true", help="hold each hog to one CPU")
+    parser.add_argument("--share-session", action="store_true",
+                        help="start the hogs in pgbench's session, not each in its own")
     parser.add_argument("--pgbouncer", help="the PgBouncer binary (default: bench/'s)")
     parser.add_argument("--out", default=str(HERE))
+    parser.add_argument("--report-only", action="store_true",
+                        help="write result.md and chart.png again from --out's data.json")
     args = parser.parse_args()
     out = Path(args.out)
+    if not args.report_only:
+        (out / "data.json").write_text(json.dumps(measure(args), indent=1) + "\n")
+    report(json.loads((out / "data.json").read_text()), out)
+    print((out / "result.md").read_text())
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Each round: both poolers quiet, then both beside the hogs; and the medians."""
     workload = scenarios.Scenario("select-c50", "pgbench -S, 50 clients",
                                   ("-S", "-M", "simple", "-c", "50", "-j", "4"))
     started = time.monotonic()
@@ -137,36 +157,47 @@ def main() -> None:
         for round_number in range(1, args.rounds + 1):
             for condition in CONDITIONS:
                 for target in run.targets:
-                    during = hogs(args.hogs, args.pin) if condition == "busy" else None
+                    during = (hogs(args.hogs, args.pin, args.share_session)
+                              if condition == "busy" else None)
                     result = sbs.measure(run, workload, target,
                                          f"{target.name}-{condition}-r{round_number}", during)
                     result.update(round=round_number, condition=condition)
                     runs.append(result)
-    elapsed = time.monotonic() - started
-    medians = summary(runs)
-    hog_text = (f"{args.hogs} CPU hog{'s' if args.hogs != 1 else ''} "
-                f"(`python3 -c 'while 1: pass'`{', each pinned to one CPU' if args.pin else ''})")
-    (out / "data.json").write_text(json.dumps({
+    return {
         "seconds": args.seconds, "rounds": args.rounds, "hogs": args.hogs, "pin": args.pin,
-        "scale": SCALE, "machine": run.machine, "versions": run.versions,
-        "elapsed_s": round(elapsed), "summary": medians,
+        "share_session": args.share_session, "scale": SCALE, "machine": run.machine,
+        "versions": run.versions,
+        "elapsed_s": round(time.monotonic() - started), "summary": summary(runs),
         "runs": [{key: value for key, value in r.items() if key != "command"} for r in runs],
-    }, indent=1) + "\n")
+    }
+
+
+def report(data: dict[str, Any], out: Path) -> None:
+    """result.md and chart.png from the data."""
+    runs, medians = data["runs"], data["summary"]
+    where = (", in pgbench's session" if data.get("share_session")
+             else ", each in a session of its own")
+    hog_text = (f"{data['hogs']} CPU hog{'s' if data['hogs'] != 1 else ''} "
+                f"(`python3 -c 'while 1: pass'`"
+                f"{', each pinned to one CPU' if data['pin'] else ''}"
+                f"{where})")
     drawn = chart(runs, medians, out / "chart.png",
                   f"pgbench -S, 50 clients, pool of 20: quiet, and with {hog_text.split(' (')[0]}"
                   " running (bars: median, dots: rounds; xN: busy / quiet)")
-    table = ["| pooler | machine | TPS | pooler CPU us/tx | p50 ms | p99 ms | "
-             "machine CPU busy | hogs' CPU s |", "|---|---|---|---|---|---|---|---|"]
+    table = ["| pooler | machine | TPS | pooler CPU us/tx | PostgreSQL CPU us/tx | p50 ms | "
+             "p99 ms | machine CPU busy | hogs' CPU s |", "|---|---|---|---|---|---|---|---|---|"]
     for target in NAMES:
         for condition in CONDITIONS:
             m = medians[target][condition]
+            pg_us = m["pg_cpu_s_per_1k"] * 1000 if m["pg_cpu_s_per_1k"] is not None else None
             table.append(
                 f"| {NAMES[target]} | {condition} | {fmt(m['tps'], 0)} | "
-                f"{fmt(m['pooler_cpu_us_per_tx'])} | {fmt(m['latency_ms.p50'], 2)} | "
-                f"{fmt(m['latency_ms.p99'], 2)} | {fmt(m['machine_busy_pct'], 0)}% | "
-                f"{fmt(m['hog_cpu_s'])} |")
+                f"{fmt(m['pooler_cpu_us_per_tx'])} | {fmt(pg_us)} | "
+                f"{fmt(m['latency_ms.p50'], 2)} | {fmt(m['latency_ms.p99'], 2)} | "
+                f"{fmt(m['machine_busy_pct'], 0)}% | {fmt(m['hog_cpu_s'])} |")
         table.append(f"| {NAMES[target]} | busy / quiet | {ratio(medians, target, 'tps')} | "
                      f"{ratio(medians, target, 'pooler_cpu_us_per_tx')} | "
+                     f"{ratio(medians, target, 'pg_cpu_s_per_1k')} | "
                      f"{ratio(medians, target, 'latency_ms.p50')} | "
                      f"{ratio(medians, target, 'latency_ms.p99')} | | |")
     cross = []
@@ -178,13 +209,15 @@ def main() -> None:
     failed = [f"{r['target']}-{r['condition']}-r{r['round']}: {r['error']}"
               for r in runs if not r["ok"]]
     (out / "result.md").write_text(RESULT.format(
-        seconds=args.seconds, rounds=args.rounds, hogs=hog_text, elapsed=elapsed / 60,
-        machine=run.machine, versions=", ".join(f"{k} {v}" for k, v in run.versions.items()),
+        seconds=data["seconds"], rounds=data["rounds"], hogs=hog_text,
+        elapsed=data["elapsed_s"] / 60, machine=data["machine"],
+        versions=", ".join(f"{k} {v}" for k, v in data["versions"].items()),
         table="\n".join(table), cross="\n".join(cross),
-        failed="Failed runs, left out: " + "; ".join(failed) + "\n" if failed else "",
+        failed="Failed runs, left out: " + "; ".join(failed) + "\n\n" if failed else "",
+        notes=NOTES.get((data["seconds"], data["rounds"], data["hogs"], data["pin"],
+                          bool(data.get("share_session"))), ""),
         chart="![TPS, pooler CPU per transaction and p99, quiet and busy](chart.png)\n"
         if drawn else "(no chart: matplotlib is not installed)\n"))
-    print((out / "result.md").read_text())
 
 
 RESULT = """# The busy benchmark pitfall
@@ -207,7 +240,41 @@ The two poolers compared, pypool / PgBouncer, in each condition:
 |---|---|---|
 {cross}
 
-{failed}"""
+{failed}How to read it. "Quiet" is the machine as it was: the benchmark itself (pgbench's
+threads, PostgreSQL's backends and the pooler) keeps the CPUs busy, and other work on the
+machine may run beside it. "Busy" adds the hogs. TPS is how many transactions the three got
+through, so it falls with every CPU-second something else takes, through either pooler, and
+the latency grows as each step of a transaction waits its turn for a CPU. The CPU per
+transaction is the time the pooler (or PostgreSQL) itself spent on each transaction it
+relayed; a neighbour adds to it only through the fixed costs of a run spread over fewer
+transactions (the logins, the pooler's timers) and what it does to the CPU's caches. It is
+the number to compare two poolers, or two versions of one, on a machine that is not yours
+alone; TPS measured at different times or beside different neighbours is not comparable,
+not even between the rounds of one run.
+{notes}"""
+
+# What a run showed, written after it (keyed by seconds, rounds, hogs, pin, share_session;
+# shown below the generic text of a result with the same settings).
+NOTES: dict[tuple[int, int, int, bool, bool], str] = {(8, 3, 2, False, False): """
+This run (1 December 2026, 14:36 UTC; load average 9.4 before it, from other sessions'
+benchmarks, builds and test suites on the machine). The machine was the busy benchmark
+before any hog started: pypool's three "quiet" rounds gave 24,664, 12,464 and 13,277 TPS, a
+factor of 2 between identical runs, while its CPU per transaction was 18.2, 18.4 and 20.6
+us. With the hogs, TPS fell to x0.82 (pypool) and x0.77 (PgBouncer) of the quiet medians;
+the pooler's CPU per transaction moved by x1.09 and x1.04, PostgreSQL's by x1.00 and x0.97.
+pypool / PgBouncer: TPS 0.62 quiet and 0.66 busy, CPU per transaction 1.68 and 1.76.
+
+An earlier run of the same command (14:33 UTC; its data is data-shared-session.json) started
+the hogs in the script's own session, which is pgbench's. Linux shares the CPUs between
+sessions first (autogroup scheduling; /proc/sys/kernel/sched_autogroup_enabled is 1 here),
+so the hogs took their CPU from pgbench's share above all: they got only about 2.4
+CPU-seconds a run, yet TPS halved (x0.52 pypool, x0.56 PgBouncer), as every transaction
+waits for pgbench's threads. The pooler's CPU per transaction moved by x1.09 and x1.11. In
+that run TPS said the two poolers were equal on the quiet machine (pypool / PgBouncer 1.02;
+0.94 busy) while the CPU per transaction said 1.66 (1.63 busy). Where a neighbour runs, in
+which session and on which CPU, decides what it takes from a benchmark; the CPU per
+transaction hardly cared. `--share-session` starts the hogs that way again.
+"""}
 
 
 if __name__ == "__main__":
