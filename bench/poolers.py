@@ -166,9 +166,28 @@ def ini_text(settings: dict[str, object], cluster: pg_cluster.Cluster) -> str:
     return f"[databases]\n{databases}\n\n[pgbouncer]\n{body}\n"
 
 
+def tls_settings(workdir: Path) -> dict[str, object]:
+    """Client-side TLS for both poolers, from one self-signed certificate made here:
+    `allow`, so the plaintext scenarios (PGSSLMODE=disable) run as before and the tls-*
+    ones (PGSSLMODE=require) get TLS from the same certificate and key."""
+    key, cert = workdir / "bench-tls.key", workdir / "bench-tls.crt"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    key.chmod(0o600)
+    if os.geteuid() == 0:  # PgBouncer runs as postgres and must read them
+        for path in (key, cert):
+            shutil.chown(path, "postgres", "postgres")
+    return {"client_tls_sslmode": "allow", "client_tls_key_file": key,
+            "client_tls_cert_file": cert}
+
+
 def make_targets(
     names: list[str],
     workers: list[int],
+    pipeline_depths: list[int],
     cluster: pg_cluster.Cluster,
     workdir: Path,
     pgbouncer_binary: Path,
@@ -194,6 +213,7 @@ def make_targets(
     }
     if pgbouncer_has_prepared:
         settings["max_prepared_statements"] = MAX_PREPARED_STATEMENTS
+    settings.update(tls_settings(workdir))
 
     targets = []
     for name in names:
@@ -214,9 +234,14 @@ def make_targets(
                 )
             )
         else:
-            for count in workers or [None]:
+            # pipeline_depth is in every pypool label (pd0: pypool's default, PgBouncer's
+            # guarantees; pd4: the opt-in that trades them for throughput), so results of
+            # the two modes are never confused.
+            for count, depth in [(c, d) for c in workers or [None] for d in pipeline_depths]:
                 variant = "pypool" if count is None else f"pypool-w{count}"
-                extra = dict(settings, max_prepared_statements=MAX_PREPARED_STATEMENTS)
+                variant += f"-pd{depth}"
+                extra = dict(settings, max_prepared_statements=MAX_PREPARED_STATEMENTS,
+                             pipeline_depth=depth)
                 if count is not None:
                     extra["workers"] = count
                 ini = workdir / f"{variant}.ini"

@@ -12,7 +12,8 @@ sent and returns the bytes to send on to its server (or to keep until one is ass
   knows what the client is owed and so when its server may go back to the pool.
 - Session state. When `watch` is on (transaction mode, session_state follow or reject),
   each simple Query and Parse is read whole and its text's first byte(s) looked at
-  (pooling/session_state.py); the few that pass are classified. What they change is left in
+  (pooling/session_state.py), except a Parse identical to the last one that changed
+  nothing; the few that pass are classified. What they change is left in
   `changes` for the caller; with `reject` the statement is replaced by one that fails in its
   place (`refused` names it).
 - Rewriting. When prepared statements are rewritten (`rewriting`, pooling/prepared/), the
@@ -41,6 +42,7 @@ from ..pooling import session_state as ss
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
+from ..protocol.framing import be32
 from . import ledger as lg
 from .ledger import FrontendLedger
 
@@ -92,6 +94,9 @@ class RequestReader:
         self.reject = ""  # the pool_mode named in a refusal; "" when nothing is refused
         self.changes: list[ss.Command] = []
         self.refused: list[ss.Command] = []
+        # The last Parse looked at that changes nothing: the same one again, as drivers send
+        # the unnamed statement of a repeated query, is not looked at again.
+        self.last_plain_parse = b""
 
     def idle(self) -> bool:
         """Nothing half-read and nothing waiting: the next byte starts a message."""
@@ -160,7 +165,7 @@ class RequestReader:
         start = 0
         while n - pos >= 5:
             kind = data[pos]
-            size = int.from_bytes(data[pos + 1 : pos + 5], "big") + 1
+            size = be32(data, pos + 1) + 1
             if size < 5 or size > max_packet:
                 self.error = errors.ClientProtocolError(f"invalid packet length {size - 1}")
                 return self._ending(done, data, pos, parts, start)
@@ -169,7 +174,13 @@ class RequestReader:
                 end = pos + size
                 if end > n:
                     break  # read whole: its text may change session state
-                found = ss.look(kind, data, pos, end)
+                if kind == _PARSE and self.last_plain_parse and (
+                        data[pos:end] == self.last_plain_parse):
+                    found = None  # the same Parse again (an ORM's, pgbench -M extended's)
+                else:
+                    found = ss.look(kind, data, pos, end)
+                    if kind == _PARSE and not found:
+                        self.last_plain_parse = data[pos:end]
                 if found:
                     refused = next((c for c in found if c.kind in ss.CREATES), None)
                     if refused is not None and self.reject:
@@ -241,7 +252,7 @@ class RequestReader:
         elif pos < n:
             self.partial[:] = memoryview(data)[pos:]
             # The whole message's size once its header is here (else its header's).
-            self.need = (int.from_bytes(data[pos + 1 : pos + 5], "big") + 1
+            self.need = (be32(data, pos + 1) + 1
                          if n - pos >= 5 else 5)
             data = data[:pos]
         self.began = was_idle and not ledger.idle()
@@ -275,7 +286,7 @@ class RequestReader:
         n = len(data)
         while pos < n:
             kind = data[pos]
-            end = pos + 1 + int.from_bytes(data[pos + 1 : pos + 5], "big")
+            end = pos + 1 + be32(data, pos + 1)
             if _REQUESTS[kind]:
                 try:
                     out = st.from_client(kind, data, pos, end)
