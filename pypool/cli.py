@@ -152,14 +152,15 @@ async def serve(settings: Settings, unix: UnixSocket | None = None,
     pooler.unix_socket = unix
     try:
         await pooler.start()
-        # What start-up made (modules, settings, tables) lives as long as the process: out
-        # of the collector's generations, no collection walks it again (each login's and
-        # each idle client's objects would otherwise make the full ones walk it all).
-        gc.collect()
-        gc.freeze()
         if listening is not None:
             listening()
         pooler.install_signals()
+        # What start-up made (modules, settings, tables) lives as long as the process: out
+        # of the collector's generations, no collection walks it again (each login's and
+        # each idle client's objects would otherwise make the full ones walk it all). After
+        # the signal handlers: a SIGTERM right after listening must not find the default.
+        gc.collect()
+        gc.freeze()
         await pooler.stopped
         await asyncio.sleep(0.05)  # let the closing transports flush
     finally:
