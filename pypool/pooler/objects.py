@@ -24,6 +24,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import secrets
 import socket
 import time
 from collections.abc import Coroutine
@@ -520,9 +521,7 @@ class Pooler:
             self.scram_client_keys[client.user] = scram_key
         while True:
             # Unpredictable: a guessed key would let one client cancel another's queries.
-            # One read of the OS's randomness for both halves (pid 31 bits, secret 32).
-            bits = int.from_bytes(os.urandom(8), "big")
-            key = (bits >> 33, bits & 0xFFFFFFFF)
+            key = (secrets.randbits(31), secrets.randbits(32))
             if key not in self.cancel_keys:
                 break
         client.cancel_key = key
