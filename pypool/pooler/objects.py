@@ -50,10 +50,11 @@ from ..net.tls import Tls
 from ..net.unix_socket import UnixSocket
 from ..pooling import session_state as ss
 from ..pooling.client_limits import ClientCounts
+from ..pooling.peer_pool import PeerPool
 from ..pooling.pool import Pool, PoolLimits
 from ..pooling.prepared import Registry
 from ..pooling.stats import StatsPeriods
-from ..protocol import errors
+from ..protocol import cancel_key, errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..settings import DatabaseEntry, Settings
@@ -98,6 +99,12 @@ class Pooler:
         self.clients: set[ClientConnection] = set()
         self.login_clients: set[ClientConnection] = set()
         self.cancel_keys: dict[tuple[int, int], ClientConnection] = {}
+        # Cancels on their way to [peers] (peers.py); with `workers`, this one's number, how
+        # many there are and their parent (set by cli.serve before start).
+        self.peer_pools: dict[int, PeerPool] = {}
+        self.worker_index = cancel_key.NO_WORKER
+        self.worker_count = 0
+        self.worker_parent = 0
         self.servers_per_db: dict[str, int] = {}
         self.servers_per_user: dict[str, int] = {}
         self.auth_secrets: dict[str, str] = {}
@@ -521,7 +528,8 @@ class Pooler:
             self.scram_client_keys[client.user] = scram_key
         while True:
             # Unpredictable: a guessed key would let one client cancel another's queries.
-            key = (secrets.randbits(31), secrets.randbits(32))
+            key = cancel_key.issue(secrets.randbits(31), secrets.randbits(32),
+                                   self.settings.pooler.peer_id, self.worker_index)
             if key not in self.cancel_keys:
                 break
         client.cancel_key = key
