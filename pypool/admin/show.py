@@ -465,7 +465,7 @@ HELP = """
 \tDISABLE <db>
 \tENABLE <db>
 \tRECONNECT [<db>]
-\tKILL <db>
+\tKILL [<db>]
 \tKILL_CLIENT <client_id>
 \tSUSPEND
 \tSHUTDOWN
