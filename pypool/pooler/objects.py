@@ -369,12 +369,14 @@ class Pooler:
         pool.stats.count_error("server_login_failed")
         server.close(f"login failed: {text}")
         self.server_closed(server, f"login failed: {text}")
+        if self.settings.pooler.log_disconnections:
+            log.info("%r: closing because: %s", server, text)  # PgBouncer's second line
         # The clients waiting for this login get the server's own error; so do those queued
         # when no server is left to serve them (they would wait query_wait_timeout for
         # nothing: no login is tried again before server_login_retry).
         stranded = list(pool.awaiting_params)
         pool.awaiting_params.clear()
-        if not pool.idle and not pool.active and not pool.login and not pool.being_canceled:
+        if not _has_usable_server(pool):
             stranded += [client for client in pool.waiting if client.state is ClientState.WAITING]
             pool.waiting.clear()
         for client in stranded:
@@ -567,7 +569,7 @@ class Pooler:
         and it has none to serve with (PgBouncer 1.25): at once, rather than after
         query_wait_timeout; None when the pool may serve."""
         failed = pool.login_error
-        if failed is None or pool.idle or pool.active or pool.login or pool.being_canceled:
+        if failed is None or _has_usable_server(pool):
             return None
         if self.now() - failed[1] >= self.settings.pooler.server_login_retry:
             return None
@@ -738,6 +740,18 @@ def _start_auth(client: ClientConnection, secret: str | None, auth_type: str,
     if auth_type == "trust" and secret is None and not known:
         raise PoolerError('"trust" authentication failed', side=errors.Side.CLIENT)
     client.login.start_auth(secret, auth_type)
+
+
+def _has_usable_server(pool: Pool) -> bool:
+    """Whether a server of the pool may still serve its queue: one that is not being
+    replaced (RECONNECT, a changed [databases] entry: `close_needed`), as PgBouncer counts
+    a dirty pool's servers as gone when a login fails (kill_pool_logins)."""
+    dirty = pool.close_needed
+    for group in (pool.idle, pool.active, pool.login, pool.being_canceled):
+        for server in group:
+            if server not in dirty:
+                return True
+    return False
 
 
 def _connect_failure(failure: Exception) -> str:
