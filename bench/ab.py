@@ -109,7 +109,7 @@ def main() -> None:
         cluster.create()
         cluster.load_pgbench(10)
         pgbouncer, base = poolers.make_targets(
-            ["pgbouncer", "pypool"], [], cluster, workdir, binary,
+            ["pgbouncer", "pypool"], [], [0], cluster, workdir, binary,
             bool(version and version >= pgbouncer_build.MIN_VERSION),
         )
         targets = [pgbouncer] + [

@@ -68,6 +68,13 @@ def parse_args() -> argparse.Namespace:
         default=[],
         help="comma-separated pypool worker counts; each runs as pypool-wN (ini: workers = N)",
     )
+    parser.add_argument(
+        "--pipeline-depth",
+        type=lambda text: [int(item) for item in _csv(text)],
+        default=[0],
+        help="comma-separated pypool pipeline_depth values (default 0, pypool's default); "
+        "each pypool label ends in -pdN",
+    )
     args = parser.parse_args()
     args.duration = args.duration or (2 if args.quick else 20)
     args.reps = args.reps or (1 if args.quick else 3)
@@ -230,7 +237,8 @@ def main() -> None:
         cluster.create()
         cluster.load_pgbench(PGBENCH_SCALE)
         targets = poolers.make_targets(
-            args.poolers, args.workers, cluster, workdir, pgbouncer_binary, has_prepared
+            args.poolers, args.workers, args.pipeline_depth, cluster, workdir,
+            pgbouncer_binary, has_prepared,
         )
         ctx = scenarios.Context(cluster, workdir, rawdir, args.duration)
         runs = run_all(args, selected, targets, ctx)

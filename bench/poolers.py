@@ -169,6 +169,7 @@ def ini_text(settings: dict[str, object], cluster: pg_cluster.Cluster) -> str:
 def make_targets(
     names: list[str],
     workers: list[int],
+    pipeline_depths: list[int],
     cluster: pg_cluster.Cluster,
     workdir: Path,
     pgbouncer_binary: Path,
@@ -214,9 +215,14 @@ def make_targets(
                 )
             )
         else:
-            for count in workers or [None]:
+            # pipeline_depth is in every pypool label (pd0: pypool's default, PgBouncer's
+            # guarantees; pd4: the opt-in that trades them for throughput), so results of
+            # the two modes are never confused.
+            for count, depth in [(c, d) for c in workers or [None] for d in pipeline_depths]:
                 variant = "pypool" if count is None else f"pypool-w{count}"
-                extra = dict(settings, max_prepared_statements=MAX_PREPARED_STATEMENTS)
+                variant += f"-pd{depth}"
+                extra = dict(settings, max_prepared_statements=MAX_PREPARED_STATEMENTS,
+                             pipeline_depth=depth)
                 if count is not None:
                     extra["workers"] = count
                 ini = workdir / f"{variant}.ini"

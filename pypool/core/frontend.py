@@ -41,6 +41,7 @@ from ..pooling import session_state as ss
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
+from ..protocol.framing import be32
 from . import ledger as lg
 from .ledger import FrontendLedger
 
@@ -160,7 +161,7 @@ class RequestReader:
         start = 0
         while n - pos >= 5:
             kind = data[pos]
-            size = int.from_bytes(data[pos + 1 : pos + 5], "big") + 1
+            size = be32(data, pos + 1) + 1
             if size < 5 or size > max_packet:
                 self.error = errors.ClientProtocolError(f"invalid packet length {size - 1}")
                 return self._ending(done, data, pos, parts, start)
@@ -241,7 +242,7 @@ class RequestReader:
         elif pos < n:
             self.partial[:] = memoryview(data)[pos:]
             # The whole message's size once its header is here (else its header's).
-            self.need = (int.from_bytes(data[pos + 1 : pos + 5], "big") + 1
+            self.need = (be32(data, pos + 1) + 1
                          if n - pos >= 5 else 5)
             data = data[:pos]
         self.began = was_idle and not ledger.idle()
@@ -275,7 +276,7 @@ class RequestReader:
         n = len(data)
         while pos < n:
             kind = data[pos]
-            end = pos + 1 + int.from_bytes(data[pos + 1 : pos + 5], "big")
+            end = pos + 1 + be32(data, pos + 1)
             if _REQUESTS[kind]:
                 try:
                     out = st.from_client(kind, data, pos, end)

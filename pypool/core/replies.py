@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Final
 
 from ..pooling import prepared
 from ..protocol import messages as m
+from ..protocol.framing import be32
 from .backend import APPLIED, FAILED, BackendLedger
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ class ReplyReader:
         sent = 0  # start of the bytes not yet put in `out`
         while n - pos >= 5:
             kind = data[pos]
-            end = pos + 1 + int.from_bytes(data[pos + 1 : pos + 5], "big")
+            end = pos + 1 + be32(data, pos + 1)
             if _STREAMED[kind] and not st.tracking and not hidden:
                 # BindComplete, RowDescription, DataRow, ...: nothing to act on.
                 if end > n:

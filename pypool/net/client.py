@@ -108,10 +108,11 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
     def __repr__(self) -> str:
         return f"C-{self.id}:{self.database}/{self.user}@{self.peer[0]}:{self.peer[1]}"
 
-    def on(self, event: int) -> None:
-        """Move to the state the table (core/states.py) gives for `event`."""
+    def on(self, event: int, now: float = 0.0) -> None:
+        """Move to the state the table (core/states.py) gives for `event` (at `now`, when
+        the caller has just read the clock)."""
         self.state = client_transition(self.state, event)
-        self.state_since = self.pooler.now()
+        self.state_since = now or self.pooler.now()
 
     # --- asyncio.Protocol -----------------------------------------------------------------
 
@@ -322,7 +323,9 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         if self.statements is None or server is None:
             return data
         st = server.statements
-        return st.attach(self.statements) + self._rewrite_whole(st, data, bind_end)
+        sql = st.attach(self.statements)  # b"" unless it has SQL-level statements
+        data = self._rewrite_whole(st, data, bind_end)
+        return sql + data if sql else data
 
     def _rewrite_whole(self, st: prepared.ServerStatements, data: bytes,
                        bind_end: int = 0) -> bytes:

@@ -72,9 +72,10 @@ def request_server(pooler: Pooler, client: ClientConnection) -> None:
         pooler.launch_servers(pool)  # else there is no room for another server anyway
 
 
-def link(pooler: Pooler, client: ClientConnection, server: ServerConnection) -> None:
+def link(pooler: Pooler, client: ClientConnection, server: ServerConnection,
+         now: float = 0.0) -> None:
     pool = server.pool
-    now = pooler.now()
+    now = now or pooler.now()
     # server_check_query: a server free for server_check_delay is checked before use.
     check = pooler.check_query
     if check and now - server.request_time < pooler.check_delay:
@@ -82,11 +83,12 @@ def link(pooler: Pooler, client: ClientConnection, server: ServerConnection) -> 
     if client.state is ClientState.WAITING:
         pool.stats.wait_time_us += int((now - client.wait_start) * 1e6)
         pool.stats.wait_histogram.observe(now - client.wait_start)
-    pool.login.discard(server)
+    if pool.login:
+        pool.login.discard(server)  # its first client, right after its login
     pool.active.add(server)
     client.server = server
     server.link(client)
-    client.on(ClientEvent.LINKED)
+    client.on(ClientEvent.LINKED, now)
     server.on(ServerEvent.LINKED)
     client.link_time = now
     server.request_time = now
@@ -197,7 +199,7 @@ def release(pooler: Pooler, client: ClientConnection, now: float = 0.0) -> None:
         return
     if client._reading_paused:
         client.resume_reading()
-    client.on(ClientEvent.RELEASED)
+    client.on(ClientEvent.RELEASED, now)
     _hand_back(pooler, server, now)
     if client.close_after_release:  # SIGINT: its transaction is done, and so is it
         client.fail(PoolerError("server shutting down", errors.ADMIN_SHUTDOWN))
@@ -213,7 +215,7 @@ def _hand_back(pooler: Pooler, server: ServerConnection, now: float) -> None:
         pipeline.hand_on(pooler, server, now)
     elif server.statements.detach():
         _reset_always(pooler, server)
-        server_available(pooler, server)
+        server_available(pooler, server, now)
     else:
         log.error("%r: prepared-statement requests still queued at release", server)
         server.close("prepared-statement replies out of step")
@@ -226,15 +228,16 @@ def _reset_always(pooler: Pooler, server: ServerConnection) -> None:
         server.send_hidden_query(pooler.reset_query_always)
 
 
-def server_available(pooler: Pooler, server: ServerConnection) -> None:
-    """A server with no client: hand it to the first waiting client, or keep it idle."""
+def server_available(pooler: Pooler, server: ServerConnection, now: float = 0.0) -> None:
+    """A server with no client: hand it to the first waiting client, or keep it idle
+    (`now`: the clock, when the caller has just read it)."""
     pool = server.pool
     if server.cancels_in_flight:
         pool.park_canceled(server)  # _send_cancel brings it back
         return
     if pool.being_canceled:
         pool.being_canceled.discard(server)
-    now = pooler.now()
+    now = now or pooler.now()
     # server_lifetime = 0: each server serves once (PgBouncer's meaning).
     lifetime = server.pool.limits.server_lifetime
     if pool.paused or pool.close_needed or pool.removed or (
@@ -251,7 +254,7 @@ def server_available(pooler: Pooler, server: ServerConnection) -> None:
     if not pool.paused:
         while (client := pool.dequeue()) is not None:
             if client.state is ClientState.WAITING:
-                link(pooler, client, server)
+                link(pooler, client, server, now)
                 return
     pool.put_idle(server)
 

@@ -7,7 +7,7 @@ never writes them:
   stats_period timer, and computes the `avg_*` columns of SHOW STATS exactly as PgBouncer's
   stats.c does: rates (per second) for counts and bytes, and per-query, per-transaction and
   per-assignment means for the times, over the span from the older tick to now.
-- `Histogram` is a fixed set of bucket bounds with an integer count per bucket: one bisect and
+- `Histogram` is a fixed set of bucket bounds with an integer count per bucket: one short scan and
   one increment per observation, summed into Prometheus' cumulative form only at scrape time.
 
 Sans-IO: no asyncio, no sockets; the pooler's timer calls `refresh`.
@@ -15,7 +15,6 @@ Sans-IO: no asyncio, no sockets; the pooler's timer calls `refresh`.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -135,7 +134,14 @@ class Histogram:
         self.counts = [0] * (len(self.bounds) + 1)
 
     def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(self.bounds, seconds)] += 1
+        # bisect_left's slot, found by a loop compiled code runs without a call: the first
+        # bound at or above `seconds` (most observations fall in the first few buckets).
+        slot = 0
+        for bound in self.bounds:
+            if seconds <= bound:
+                break
+            slot += 1
+        self.counts[slot] += 1
 
     @property
     def count(self) -> int:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Final
 
 from ...protocol import errors
 from ...protocol import messages as m
+from ...protocol.framing import be32
 from .guard import Guards
 from .registry import (
     PROBE,
@@ -92,7 +93,7 @@ def driver_segment(data: bytes) -> int:
     steady state of libpq-style drivers), the end of the Bind; else 0."""
     if data[0] != m.BIND or len(data) < 20:
         return 0
-    bind_end = 1 + int.from_bytes(data[1:5], "big")
+    bind_end = 1 + be32(data, 1)
     tail = len(data) - bind_end
     if tail == 22:
         return bind_end if data.endswith(_DESCRIBE_EXECUTE_SYNC) else 0
