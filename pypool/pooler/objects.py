@@ -371,6 +371,11 @@ class Pooler:
         self.server_closed(server, f"login failed: {text}")
         if self.settings.pooler.log_disconnections:
             log.info("%r: closing because: %s", server, text)  # PgBouncer's second line
+        if fields.get("C") == errors.CANNOT_CONNECT_NOW:
+            # "the database system is starting up" (or shutting down, in recovery): a
+            # moment's state, not a broken login. As PgBouncer, no one is failed for it; the
+            # queue waits for the next try, after server_login_retry.
+            return
         # The clients waiting for this login get the server's own error; so do those queued
         # when no server is left to serve them (they would wait query_wait_timeout for
         # nothing: no login is tried again before server_login_retry).
@@ -574,6 +579,8 @@ class Pooler:
         if self.now() - failed[1] >= self.settings.pooler.server_login_retry:
             return None
         fields = m.parse_error_fields(failed[0][5:])
+        if fields.get("C") == errors.CANNOT_CONNECT_NOW:
+            return None  # passing (see _login_failed): wait for the next try instead
         return PoolerError(
             f"server login has been failing, cached error: {fields.get('M', '')} "
             "(server_login_retry)"
