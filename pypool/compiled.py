@@ -93,10 +93,10 @@ def extension_path(module: str) -> Path | None:
 
 def group_library() -> Path | None:
     """The shared library of the compiled group, beside the `pypool` folder."""
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        for candidate in ROOT.glob(f"*__mypyc{suffix}"):
-            return candidate
-    return None
+    # The newest: an earlier build's library may be left beside it.
+    candidates = [candidate for suffix in importlib.machinery.EXTENSION_SUFFIXES
+                  for candidate in ROOT.glob(f"*__mypyc{suffix}")]
+    return max(candidates, key=lambda path: path.stat().st_mtime, default=None)
 
 
 def stale_modules() -> list[str]:
@@ -104,10 +104,14 @@ def stale_modules() -> list[str]:
     if not (ROOT / "pyproject.toml").exists():
         return []  # installed from a wheel: nobody edits these in place
     stale = []
+    # A rebuild in place may leave a module's small extension as it was (its C did not
+    # change) and put the module's code in the group's new library: the newer one counts.
+    group = group_library()
+    group_time = group.stat().st_mtime if group is not None else 0.0
     for module in HOT_MODULES:
         extension = extension_path(module)
         if extension is not None and (
-            source_path(module).stat().st_mtime > extension.stat().st_mtime
+            source_path(module).stat().st_mtime > max(extension.stat().st_mtime, group_time)
         ):
             stale.append(module)
     return stale

@@ -7,6 +7,7 @@ bytes. Names follow the "Message Formats" section of the PostgreSQL protocol cha
 from __future__ import annotations
 
 import struct
+import sys
 from typing import Final
 
 # Frontend (client to server) message types.
@@ -233,10 +234,14 @@ def parse_data_row(body: bytes | memoryview) -> list[str | None]:
 
 
 def parse_parameter_status(body: bytes | memoryview) -> tuple[str, str]:
+    """Name and value, interned: every server reports the same few, and a client's values
+    are copied from its servers', so the comparison at each link (pooling/params.covers)
+    mostly meets the very same objects, compared by identity."""
     raw = bytes(body)
     name, _, rest = raw.partition(b"\x00")
     value = rest.split(b"\x00", 1)[0]
-    return name.decode("utf-8", "replace"), value.decode("utf-8", "replace")
+    return (sys.intern(name.decode("utf-8", "replace")),
+            sys.intern(value.decode("utf-8", "replace")))
 
 
 def parse_command_tag(body: bytes | memoryview) -> str:

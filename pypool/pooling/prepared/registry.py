@@ -24,7 +24,13 @@ PROBE: Final = PREFIX + b"0"
 # Statements that cannot open, end or abort a transaction block (the extended protocol takes
 # one statement per Parse). Anything else, comments before the keyword included, is assumed
 # to be able to: see `Statement.neutral`.
-_NEUTRAL: Final = re.compile(rb"[\s(]*(?:select|insert|update|delete|with|values|table)\b", re.I)
+_NEUTRAL_WORDS: Final = frozenset({b"select", b"insert", b"update", b"delete", b"with",
+                                    b"values", b"table"})
+# Read before the first word (whitespace as the regex \s has it, and parentheses), and the
+# characters of a word (what the regex \b sees as one).
+_LEAD: Final = tuple(byte in b" \t\n\r\f\v(" for byte in range(256))
+_WORD_CHAR: Final = tuple(chr(byte).isascii() and (chr(byte).isalnum() or byte == 95)
+                          for byte in range(256))
 
 
 # Words of a statement that may prepare or deallocate statements where the pooler cannot see
@@ -40,14 +46,23 @@ def touches_text(data: bytes, start: int, end: int) -> bool:
 
 
 def neutral_text(data: bytes, start: int) -> bool:
-    """Whether the statement text at data[start:] starts as a neutral one (see `Statement`)."""
-    return _NEUTRAL.match(data, start) is not None
+    """Whether the statement text at data[start:] starts as a neutral one (see `Statement`):
+    whitespace and parentheses, then one of the neutral words, in any case, as a whole word.
+    A loop compiled code runs without the regex engine (every unnamed Parse passes here)."""
+    n = len(data)
+    pos = start
+    while pos < n and _LEAD[data[pos]]:
+        pos += 1
+    end = pos
+    while end < n and _WORD_CHAR[data[end]] and end - pos <= 6:
+        end += 1
+    return 4 <= end - pos <= 6 and data[pos:end].lower() in _NEUTRAL_WORDS
 
 
 def neutral_query(data: bytes, start: int, end: int) -> bool:
     """Whether the simple Query text data[start:end] is one neutral statement (as
     `Statement.neutral`): no semicolon but trailing ones, even inside a string literal."""
-    if _NEUTRAL.match(data, start) is None:
+    if not neutral_text(data, start):
         return False
     semicolon = data.find(b";", start, end)
     return semicolon < 0 or not data[semicolon:end].strip(b"; \t\r\n")
