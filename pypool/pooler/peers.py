@@ -17,7 +17,9 @@ peers of each other:
 `workers` = N uses the same routing inside one instance: each worker writes its number into
 its keys (byte 3) and listens on a private socket of its own (Linux's abstract namespace,
 named after the parent's pid), and a worker that receives a sibling's key passes it on
-there. The sibling cancels locally and never forwards again, so there is no loop.
+there. The sibling cancels locally and never forwards again, so there is no loop. (An
+abstract socket has no file mode: any local process may connect, as to the listen port,
+and needs the key's secret all the same.)
 
 What this must never do: cancel a query of a client the key does not belong to. It only
 carries the key; the owner checks it as for any CancelRequest (cancel.py).
