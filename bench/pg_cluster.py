@@ -148,8 +148,10 @@ class Cluster:
         """libpq connection arguments for pgbench, to the server or a pooler's port."""
         return ["-h", "127.0.0.1", "-p", str(port or self.port), "-U", self.user, self.dbname]
 
-    def client_env(self) -> dict[str, str]:
-        return dict(os.environ, PGPASSWORD=self.password)
+    def client_env(self, sslmode: str = "disable") -> dict[str, str]:
+        """libpq's environment for the bench's clients: plaintext unless a scenario asks
+        for TLS (the poolers accept both: poolers.tls_settings)."""
+        return dict(os.environ, PGPASSWORD=self.password, PGSSLMODE=sslmode)
 
     def scram_secret(self) -> str:
         """The role's stored SCRAM secret, for a pooler's auth_file."""

@@ -166,6 +166,24 @@ def ini_text(settings: dict[str, object], cluster: pg_cluster.Cluster) -> str:
     return f"[databases]\n{databases}\n\n[pgbouncer]\n{body}\n"
 
 
+def tls_settings(workdir: Path) -> dict[str, object]:
+    """Client-side TLS for both poolers, from one self-signed certificate made here:
+    `allow`, so the plaintext scenarios (PGSSLMODE=disable) run as before and the tls-*
+    ones (PGSSLMODE=require) get TLS from the same certificate and key."""
+    key, cert = workdir / "bench-tls.key", workdir / "bench-tls.crt"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    key.chmod(0o600)
+    if os.geteuid() == 0:  # PgBouncer runs as postgres and must read them
+        for path in (key, cert):
+            shutil.chown(path, "postgres", "postgres")
+    return {"client_tls_sslmode": "allow", "client_tls_key_file": key,
+            "client_tls_cert_file": cert}
+
+
 def make_targets(
     names: list[str],
     workers: list[int],
@@ -195,6 +213,7 @@ def make_targets(
     }
     if pgbouncer_has_prepared:
         settings["max_prepared_statements"] = MAX_PREPARED_STATEMENTS
+    settings.update(tls_settings(workdir))
 
     targets = []
     for name in names:

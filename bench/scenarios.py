@@ -48,6 +48,7 @@ class Scenario:
     metric: str = "tps"
     higher_is_better: bool = True
     direct: bool = True  # also run against PostgreSQL without a pooler
+    sslmode: str = "disable"  # libpq's PGSSLMODE for the clients ("require": over TLS)
 
 
 def _select(mode: str, clients: int, threads: int) -> tuple[str, ...]:
@@ -95,6 +96,22 @@ SCENARIOS = [
         script=f"SELECT pg_sleep({QUEUE_SLEEP_S});\n",
         metric="queue_wait_ms.p99",
         higher_is_better=False,
+    ),
+    Scenario(
+        "tls-select-simple-c100",
+        "pgbench -S over TLS (PGSSLMODE=require; both poolers present the same self-signed "
+        "RSA 2048 certificate; plaintext to PostgreSQL), simple protocol, 100 clients, -j 4",
+        _select("simple", 100, SIMPLE_THREADS),
+        direct=False,
+        sslmode="require",
+    ),
+    Scenario(
+        "tls-connect-c20",
+        "pgbench -S -C over TLS: a TLS handshake and a SCRAM login for every transaction, "
+        "20 clients, -j 4",
+        ("-S", "-C", "-M", "simple", "-c", "20", "-j", "4"),
+        direct=False,
+        sslmode="require",
     ),
     *(
         Scenario(
@@ -203,7 +220,7 @@ def _run_pgbench(scenario: Scenario, target: poolers.Target, ctx: Context, label
     try:
         completed = subprocess.run(
             command,
-            env=cluster.client_env(),
+            env=cluster.client_env(scenario.sslmode),
             capture_output=True,
             text=True,
             timeout=ctx.duration + 120,

@@ -1,4 +1,4 @@
-"""Follow queries through pypool with the protocol trace on (docs/lab/README.md, exercise 1).
+"""Follow queries through pypool with the protocol trace on (docs/lab/README.md, exercise 2).
 
     python3 bench/trace_one_query.py [--step N]
 

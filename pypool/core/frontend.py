@@ -12,7 +12,8 @@ sent and returns the bytes to send on to its server (or to keep until one is ass
   knows what the client is owed and so when its server may go back to the pool.
 - Session state. When `watch` is on (transaction mode, session_state follow or reject),
   each simple Query and Parse is read whole and its text's first byte(s) looked at
-  (pooling/session_state.py); the few that pass are classified. What they change is left in
+  (pooling/session_state.py), except a Parse identical to the last one that changed
+  nothing; the few that pass are classified. What they change is left in
   `changes` for the caller; with `reject` the statement is replaced by one that fails in its
   place (`refused` names it).
 - Rewriting. When prepared statements are rewritten (`rewriting`, pooling/prepared/), the
@@ -93,6 +94,9 @@ class RequestReader:
         self.reject = ""  # the pool_mode named in a refusal; "" when nothing is refused
         self.changes: list[ss.Command] = []
         self.refused: list[ss.Command] = []
+        # The last Parse looked at that changes nothing: the same one again, as drivers send
+        # the unnamed statement of a repeated query, is not looked at again.
+        self.last_plain_parse = b""
 
     def idle(self) -> bool:
         """Nothing half-read and nothing waiting: the next byte starts a message."""
@@ -170,7 +174,13 @@ class RequestReader:
                 end = pos + size
                 if end > n:
                     break  # read whole: its text may change session state
-                found = ss.look(kind, data, pos, end)
+                if kind == _PARSE and self.last_plain_parse and (
+                        data[pos:end] == self.last_plain_parse):
+                    found = None  # the same Parse again (an ORM's, pgbench -M extended's)
+                else:
+                    found = ss.look(kind, data, pos, end)
+                    if kind == _PARSE and not found:
+                        self.last_plain_parse = data[pos:end]
                 if found:
                     refused = next((c for c in found if c.kind in ss.CREATES), None)
                     if refused is not None and self.reject:

@@ -76,3 +76,17 @@ def test_a_malformed_parse_is_left_to_the_server() -> None:
     r.watch = True
     assert r.feed(bad + msg(b"S"), None, True) == bad + msg(b"S")
     assert r.changes == []
+
+
+def test_a_repeated_parse_is_judged_by_its_bytes() -> None:
+    """A Parse identical to the last one that changed nothing is not looked at again (the
+    unnamed statement of a repeated query); any other Parse still is, and one that changes
+    state is found every time it comes."""
+    plain = msg(b"P", b"\x00SELECT abalance FROM t WHERE aid = $1\x00\x00\x00")
+    advisory = msg(b"P", b"\x00SELECT pg_advisory_lock($1)\x00\x00\x00")
+    r = RequestReader(MAX_PACKET)
+    r.watch = True
+    stream = plain + plain + SET + advisory + plain + SET + msg(b"S")
+    assert r.feed(stream, None, True) == stream
+    assert r.last_plain_parse == plain
+    assert [c.kind for c in r.changes] == [ss.SET, ss.LOCK, ss.SET]

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import textwrap
-from pathlib import Path
 
 import pytest
+
+from .node_clients import node_pg
 
 APP_PASSWORD = "app-secret"
 
@@ -180,20 +180,7 @@ NODE_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="session")
-def node_pg(tmp_path_factory) -> Path:
-    """A folder with node-postgres installed by npm, or a skip saying why not."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("node and npm are not installed")
-    folder = tmp_path_factory.mktemp("node-pg")
-    try:
-        result = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent", "pg"],
-                                cwd=folder, capture_output=True, text=True, timeout=180)
-    except subprocess.TimeoutExpired:
-        pytest.skip("npm install pg timed out (no registry access?)")
-    if result.returncode != 0:
-        pytest.skip(f"npm install pg failed: {result.stderr.strip()[-300:]}")
-    return folder
+__all__ = ["node_pg"]  # the fixture
 
 
 def test_node_postgres_named_queries(pooler, node_pg):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import ssl
 import struct
+import subprocess
 import threading
 import urllib.request
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from pypool.embedded import free_port
 from pypool.protocol import messages as m
 from tests.conftest import ADMIN_PASSWORD, ADMIN_USER, APP_PASSWORD, APP_USER, Pooler
 
+from .node_clients import node_pg
 from .polling import wait_for
 from .rawclient import RawClient
 from .tls_ca import Certificates, certs
@@ -61,7 +63,7 @@ def my_client_row(p: Pooler, application_name: str) -> dict[str, Any]:
     return row
 
 
-__all__ = ["certs"]  # the fixture, shared with test_tls_server.py
+__all__ = ["certs", "node_pg"]  # the fixtures (certs is shared with test_tls_server.py)
 
 TLS_INFO = re.compile(r"^TLSv1\.[23]/[A-Z0-9_-]+$")
 
@@ -86,6 +88,40 @@ def test_psycopg_each_sslmode(pooler: Callable[..., Pooler], certs: Certificates
         assert TLS_INFO.match(tls) if encrypted else tls == "", tls
     if encrypted:
         assert "tls=TLSv1.3/" in p.log()
+
+
+NODE_TLS_SCRIPT = """
+const fs = require('fs');
+const { Client } = require('pg');
+const [host, port, user, password, ca] = process.argv.slice(2);
+const client = new Client({
+  host, port: Number(port), user, password, database: 'app', application_name: 'node-tls',
+  ssl: { ca: fs.readFileSync(ca), servername: 'localhost', rejectUnauthorized: true },
+});
+client.connect()
+  .then(() => client.query('SELECT 6 * 7 AS v'))
+  .then((r) => { console.log(JSON.stringify(r.rows[0].v)); return client.end(); })
+  .catch((e) => { console.error(e); process.exit(1); });
+"""
+
+
+def test_node_postgres_with_ssl(pooler: Callable[..., Pooler], certs: Certificates,
+                                node_pg: Path) -> None:
+    """node-postgres with `ssl` (it checks the certificate against the CA, for localhost)
+    logs in over TLS; a client that trusts only the wrong CA is refused by its own check."""
+    p = pooler(tls_settings(certs, "require"))
+    script = node_pg / "tls.js"
+    script.write_text(NODE_TLS_SCRIPT)
+    args = ["node", str(script), "127.0.0.1", str(p.port), APP_USER, APP_PASSWORD]
+    done = subprocess.run([*args, str(certs.ca.root)], cwd=node_pg, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr + p.log()[-2000:]
+    assert done.stdout.strip() == "42"
+    assert "tls=TLSv1." in p.log()
+    wrong = subprocess.run([*args, str(certs.other_ca.root)], cwd=node_pg,
+                           capture_output=True, text=True, timeout=60)
+    assert wrong.returncode != 0
+    assert "certificate" in wrong.stderr.lower(), wrong.stderr
 
 
 def test_the_wrong_root_fails_verify_ca(pooler: Callable[..., Pooler],
