@@ -27,7 +27,7 @@ from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..protocol.startup import MAX_AUTH_MESSAGE, CancelRequest
-from . import tls
+from . import outbox, tls
 from .unix_socket import os_user_name
 
 if TYPE_CHECKING:
@@ -240,4 +240,4 @@ class ClientLogin:
             elif policy == "follow":
                 client.session = ss.ClientSession(frozenset(
                     name.lower().encode() for name in (*TRACKED, *cfg.track_extra_parameters)))
-        client.carry_on()
+        outbox.carry_on(client)

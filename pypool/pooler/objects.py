@@ -35,7 +35,7 @@ from ..auth.auth_file import load_auth_file
 from ..auth.md5 import is_md5_hash
 from ..auth.scram import ScramVerifier, is_scram_verifier
 from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
-from ..net import pipeline
+from ..net import hidden_queries, pipeline
 from ..net.client import ClientConnection
 from ..net.hooks import (
     OpenConsole,
@@ -58,7 +58,16 @@ from ..protocol import cancel_key, errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..settings import DatabaseEntry, Settings
-from . import auth_database, cancel, hba_login, lifecycle, linking, research, tracing
+from . import (
+    auth_database,
+    cancel,
+    hba_login,
+    lifecycle,
+    linking,
+    research,
+    tracing,
+    transactions,
+)
 from .host_lists import HostChooser
 
 log = logging.getLogger("pypool")
@@ -121,7 +130,8 @@ class Pooler:
         self.stopped = self.loop.create_future()
         self.janitor_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._to_flush: list[ServerConnection] = []  # servers with deferred writes
+        # Servers with writes deferred to the end of this round (net/deferred_writes.py).
+        self.to_flush: list[ServerConnection] = []
         # The operator's switches (admin console, SIGUSR1/2): PAUSE of everything or of some
         # databases, DISABLE; databases gone from the config whose clients are still here.
         self.paused_all = False
@@ -408,7 +418,7 @@ class Pooler:
         entry = self.settings.database(pool.database) or self.retired.get(pool.database)
         if entry is not None and entry.connect_query:
             # Before any client: its replies are hidden, the first client's requests follow.
-            server.send_hidden_query(entry.connect_query)
+            hidden_queries.send_hidden_query(server, entry.connect_query)
         linking.server_available(self, server)
 
     def server_closed(self, server: ServerConnection, reason: str) -> None:
@@ -630,7 +640,7 @@ class Pooler:
                 if ss.LOAD in session.pins:
                     clean, why = False, "its client LOADed a library, which stays loaded"
                 else:
-                    server.send_hidden_query("DISCARD ALL")
+                    hidden_queries.send_hidden_query(server, "DISCARD ALL")
                     server.session_sets.clear()
             if clean:
                 cfg = self.settings.pooler
@@ -638,7 +648,7 @@ class Pooler:
                 if cfg.server_reset_query and (
                     pool.limits.pool_mode == "session" or cfg.server_reset_query_always
                 ):
-                    server.send_hidden_query(cfg.server_reset_query)
+                    hidden_queries.send_hidden_query(server, cfg.server_reset_query)
                 linking.server_available(self, server)
             else:
                 server.close(why)
@@ -648,23 +658,7 @@ class Pooler:
             log.info("%r: closing because: %s", client, reason)
         lifecycle.maybe_exit(self)
 
-    # --- deferred writes and pipelining --------------------------------------------------
-
-    def flush_soon(self, server: ServerConnection) -> None:
-        """Have `server.flush()` called at the end of this round of the event loop (its
-        callbacks run once every connection with something ready has been read)."""
-        if not self._to_flush:
-            self.loop.call_soon(self._flush_servers)
-        self._to_flush.append(server)
-
-    def _flush_servers(self) -> None:
-        servers, self._to_flush = self._to_flush, []
-        for server in servers:
-            try:
-                server.flush()
-            except Exception:  # noqa: BLE001 - one broken socket must not strand the others
-                log.exception("%r: writing deferred requests failed", server)
-                server.close("write failed")
+    # --- pipelining ----------------------------------------------------------------------
 
     def pipeline(self, server: ServerConnection) -> None:
         """The linked client has sent a whole transaction: if it ends at its Sync, queue
@@ -678,6 +672,15 @@ class Pooler:
     def request_server(self, client: ClientConnection) -> None:
         """The client has sent something that needs a server (linking.py)."""
         linking.request_server(self, client)
+
+    def ready_for_query(self, client: ClientConnection, status: int) -> None:
+        """The linked server forwarded a ReadyForQuery to `client`: release, keep or close
+        the server (transactions.py)."""
+        transactions.ready_for_query(self, client, status)
+
+    def session_changed(self, client: ClientConnection) -> None:
+        """The client sent statements that change session state (transactions.py)."""
+        transactions.session_changed(client)
 
     def release(self, client: ClientConnection, now: float = 0.0) -> None:
         """The client's transaction ended and nothing is owed: its server goes back
