@@ -547,7 +547,9 @@ def test_same_columns_and_errors_as_real_pgbouncer(bouncer: Pooler, real_pgbounc
                 assert our_columns == columns(real, what), what
             for what, key in (("LISTS", "list"), ("TOTALS", "name"), ("STATE", "key")):
                 assert [r[key] for r in show(ours, what)] == [r[key] for r in show(real, what)]
-            for query in ("BOGUS", "PAUSE nope", "KILL", "RESUME", "SET no_such_key = 1"):
+            # (A bare KILL is an error before PgBouncer 1.25 and kills every pool from 1.25
+            # on, as pypool does: tested on its own.)
+            for query in ("BOGUS", "PAUSE nope", "RESUME", "SET no_such_key = 1"):
                 with pytest.raises(psycopg.Error) as theirs:
                     real.execute(query)
                 with pytest.raises(psycopg.Error) as mine:
