@@ -145,12 +145,20 @@ def build_pooler(settings: Settings) -> Pooler:
 
 
 async def serve(settings: Settings, unix: UnixSocket | None = None,
-                listening: Callable[[], None] | None = None) -> None:
+                listening: Callable[[], None] | None = None,
+                worker: tuple[int, int, int] | None = None) -> None:
     """Run one pooler until it exits. `unix`: the unix socket a `workers` parent claimed;
-    `listening`: called once the pooler listens (the quick start prints its URL then)."""
+    `listening`: called once the pooler listens (the quick start prints its URL then);
+    `worker`: (its number from 0, how many, the parent's pid) in a `workers` child."""
     pooler = build_pooler(settings)
     pooler.unix_socket = unix
+    siblings: asyncio.AbstractServer | None = None
     try:
+        if worker is not None:  # cancels for keys a sibling issued go to it (pooler/peers.py)
+            from .pooler import peers
+
+            pooler.worker_index, pooler.worker_count, pooler.worker_parent = worker
+            siblings = await peers.listen_for_siblings(pooler)
         await pooler.start()
         if listening is not None:
             listening()
@@ -164,6 +172,8 @@ async def serve(settings: Settings, unix: UnixSocket | None = None,
         await pooler.stopped
         await asyncio.sleep(0.05)  # let the closing transports flush
     finally:
+        if siblings is not None:
+            siblings.close()
         if pooler.unix_socket is not None:  # also after a failed start or a crash
             pooler.unix_socket.remove()
 
@@ -184,9 +194,9 @@ def run_workers(share: Settings, workers: int) -> None:
     """`workers = N`: fork N processes that share the listen port through SO_REUSEPORT.
 
     Each worker has its own pools (its share of every size) and its own clients; the kernel
-    spreads new connections between them. The parent forwards signals and waits. As with
-    PgBouncer's so_reuseport, a CancelRequest may reach a worker that does not know its key:
-    it is then dropped, so cancels are best-effort with several workers.
+    spreads new connections between them. The parent forwards signals and waits. A
+    CancelRequest may reach a worker that did not issue its key: the key names the worker
+    that did, which it is passed on to (pooler/peers.py).
 
     A unix socket path can have one owner only. PgBouncer's so_reuseport answer is one
     unix_socket_dir per process, from one ini each; here one ini runs them all, so the
@@ -212,13 +222,14 @@ def _fork_workers(share: Settings, workers: int, unix: UnixSocket | None) -> Non
     import uvloop
 
     children: list[int] = []
+    parent = os.getpid()
     for index in range(workers):
         pid = os.fork()
         if pid == 0:
             code = 0
             try:
                 log.info("worker %d of %d started", index + 1, workers)
-                uvloop.run(serve(share, unix))
+                uvloop.run(serve(share, unix, worker=(index, workers, parent)))
             except BaseException:  # noqa: BLE001 - a worker reports and exits, never returns
                 log.exception("worker %d failed", index + 1)
                 code = 1

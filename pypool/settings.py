@@ -80,7 +80,6 @@ NO_EFFECT: dict[str, str] = {
     "suspend_timeout": "SUSPEND waits for running transactions only (no online restart)",
     "autodb_idle_timeout": "pools of `*` databases stay until their database is removed",
     "syslog_ident": "no syslog", "syslog_facility": "no syslog",
-    "peer_id": "[peers] is not implemented; cancels are forwarded between workers only",
     "sbuf_loopcnt": "asyncio schedules the reads",
     "tcp_defer_accept": "asyncio accepts at once", "tcp_socket_buffer": "the kernel's default",
     "dns_max_ttl": "no DNS cache: every server connection resolves its host anew",
@@ -97,7 +96,7 @@ BOUNDS: dict[str, tuple[int, int]] = {
     "metrics_port": (0, 65535),
     "max_client_conn": (1, MAX_INT),
     "scram_iterations": (1, MAX_INT),
-    "workers": (1, 1024),
+    "workers": (1, 256),  # a cancel key has one byte for the worker (protocol/cancel_key.py)
     "max_packet_size": (1024, MAX_INT),
     "pkt_buf": (512, MAX_INT),
     "unix_socket_mode": (0, 0o7777),
@@ -355,10 +354,23 @@ class UserEntry:
 
 
 @dataclass(frozen=True)
+class PeerEntry:
+    """One line of [peers]: another pooler (PgBouncer or pypool) behind the same load
+    balancer, to which a CancelRequest carrying its `peer_id` is forwarded (pooler/peers.py).
+    `host` is a name, an address, or a unix socket directory (a path)."""
+
+    peer_id: int
+    host: str
+    port: int = 6432
+    pool_size: int = -1  # at most this many cancels in flight to it; -1: default_pool_size
+
+
+@dataclass(frozen=True)
 class Settings:
     pooler: PoolerSettings = field(default_factory=PoolerSettings)
     databases: dict[str, DatabaseEntry] = field(default_factory=dict)
     users: dict[str, UserEntry] = field(default_factory=dict)
+    peers: dict[int, PeerEntry] = field(default_factory=dict)  # peer_id -> its entry
     path: str = ""
     # Users known without an auth_file (the quick start's URL): name -> plaintext secret.
     inline_users: dict[str, str] = field(default_factory=dict)
@@ -596,6 +608,36 @@ def _user_entry(name: str, text: str, where: str) -> UserEntry:
     return UserEntry(**values)  # type: ignore[arg-type]
 
 
+def _peer_entry(name: str, text: str, where: str) -> PeerEntry:
+    """`<peer_id> = host=... port=... pool_size=...`, checked as PgBouncer checks it."""
+    try:
+        peer_id = parse_int(name)
+        if not 1 <= peer_id <= 0xFFFF:
+            raise ValueError(f"must be between 1 and 65535, not {peer_id}")
+    except ValueError as exc:
+        raise SettingsError(f"{where}: peer id {name!r}: {exc}") from None
+    try:
+        raw = parse_connstring(text)
+    except ValueError as exc:
+        raise SettingsError(f"{where}: peer {peer_id}: {exc}") from None
+    values: dict[str, object] = {"peer_id": peer_id}
+    for key, value in raw.items():
+        try:
+            if key == "host":
+                values[key] = value
+            elif key in ("port", "pool_size"):
+                values[key] = parse_int(value)
+                if key == "port":
+                    _check(key, values[key])
+            else:
+                raise ValueError("unrecognized connection parameter (host, port, pool_size)")
+        except ValueError as exc:
+            raise SettingsError(f"{where}: peer {peer_id}: {key}: {exc}") from None
+    if not values.get("host"):
+        raise SettingsError(f"{where}: peer {peer_id}: host was not provided")
+    return PeerEntry(**values)  # type: ignore[arg-type]
+
+
 def pooler_settings(items: dict[str, str], where: str | _Section) -> PoolerSettings:
     """Build PoolerSettings from raw key/value strings (the [pgbouncer] section), checking
     each; `where` names the file and section (and holds the keys' lines)."""
@@ -673,7 +715,14 @@ def load_ini(path: str | Path) -> Settings:
         where = section("users")
         for user, value in parser.items("users"):
             users[user] = _user_entry(user, value, where.at(user))
-    return Settings(pooler=pooler, databases=databases, users=users, path=str(path))
+    peers: dict[int, PeerEntry] = {}
+    if parser.has_section("peers"):
+        where = section("peers")
+        for name, value in parser.items("peers"):
+            peer = _peer_entry(name, value, where.at(name))
+            peers[peer.peer_id] = peer
+    return Settings(pooler=pooler, databases=databases, users=users, peers=peers,
+                    path=str(path))
 
 
 def from_url(url: str, listen_port: int = 6432) -> Settings:

@@ -420,7 +420,7 @@ OUT_OF_RANGE = [
     ("listen_port", "0", "between 1 and 65535"),
     ("listen_port", "65536", "between 1 and 65535"),
     ("metrics_port", "70000", "between 0 and 65535"),
-    ("workers", "0", "between 1 and 1024"),
+    ("workers", "0", "between 1 and 256"),
     ("query_wait_timeout", "-1", ">= 0"),
     ("transaction_timeout", "-10", ">= 0"),
     ("query_wait_notify", "-1s", ">= 0"),

@@ -137,21 +137,26 @@ def resume(pooler: PoolerControl, arg: str) -> Reply:
 
 
 def kill(pooler: PoolerControl, arg: str) -> Reply:
-    """Drop every client and server of a database now; it stays paused until RESUME db."""
+    """Drop every client and server of a database now; it stays paused until RESUME db.
+    Without a database (PgBouncer 1.25): every database that has a pool, each paused."""
     if pooler.paused_all:
         raise AdminError("already suspended/paused")
-    if not arg:
-        raise AdminError("a database is required")
-    log.info("KILL '%s' command issued", arg)
-    database = _database(pooler, arg, "kill")
-    pooler.paused_dbs.add(database)
+    if arg:
+        log.info("KILL '%s' command issued", arg)
+        database: str | None = _database(pooler, arg, "kill")
+    else:
+        log.info("KILL command issued")
+        database = None
     for pool in _pools_of(pooler, database):
+        pooler.paused_dbs.add(pool.database)
         pooler.set_paused(pool, True)
         for client in list(pool.clients):
             client.fail(PoolerError("database removed"))
         # Servers still logging in close as soon as they are in (the pool is paused).
         for server in list(pool.active) + list(pool.idle):
             pooler.close_server(server, "database removed")
+    if database is not None:
+        pooler.paused_dbs.add(database)  # also with no pool yet
     return Done("KILL")
 
 

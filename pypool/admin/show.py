@@ -4,7 +4,7 @@ Each SHOW is a function from the pooler's read-only view (observe/view.py) to a 
 Exporters and dashboards read these by name and position, so the column names, their order
 and their types are an interface: they follow PgBouncer 1.24's admin.c and stats.c,
 including its type letters (s text, i int4, q int8, N numeric, T a timestamp sent as text).
-Where pypool has nothing to report (cancel-request lists, TLS, peers, DNS) the value is 0,
+Where pypool has nothing to report (cancel-request lists of pools, DNS) the value is 0,
 empty or NULL, as PgBouncer shows it when that feature is unused. The admin console itself
 appears as the database `pgbouncer` with the pool `pgbouncer/pgbouncer`, as in PgBouncer.
 
@@ -361,9 +361,9 @@ def lists(view: PoolerView) -> list[tuple[str, int]]:
     return [
         ("databases", len(view.database_names()) + 1),
         ("users", len(view.user_names())),
-        ("peers", 0),
+        ("peers", len(view.settings.peers)),
         ("pools", view.pool_count() + 1),
-        ("peer_pools", 0),
+        ("peer_pools", len(view.peer_pools())),
         ("free_clients", 0),
         ("used_clients", view.client_count()),
         ("login_clients", view.login_client_count()),
@@ -400,6 +400,20 @@ def show_version(view: PoolerView) -> ResultSet:
     return result("s", "version", [(VERSION,)])
 
 
+def show_peers(view: PoolerView) -> ResultSet:
+    """The [peers] entries; pool_size -1 (unset) shows default_pool_size, as PgBouncer."""
+    settings = view.settings
+    return result("isii", "peer_id host port pool_size", [
+        (peer.peer_id, peer.host, peer.port,
+         peer.pool_size if peer.pool_size >= 0 else settings.pooler.default_pool_size)
+        for _, peer in sorted(settings.peers.items())])
+
+
+def show_peer_pools(view: PoolerView) -> ResultSet:
+    return result("iiiii", "peer_id cl_active_cancel_req cl_waiting_cancel_req "
+                           "sv_active_cancel sv_login", view.peer_pools())
+
+
 def show_empty(types: str, columns: str) -> Callable[[PoolerView], ResultSet]:
     """A SHOW for a PgBouncer feature pypool does not have: the right columns, no rows."""
     return lambda view: result(types, columns, [])
@@ -423,9 +437,8 @@ SHOWS: dict[str, Callable[[PoolerView], ResultSet]] = {
     "active_sockets": show_active_sockets,
     "mem": show_mem,
     "fds": show_fds,
-    "peers": show_empty("isii", "peer_id host port pool_size"),
-    "peer_pools": show_empty("iiiii", "peer_id cl_active_cancel_req cl_waiting_cancel_req "
-                                      "sv_active_cancel sv_login"),
+    "peers": show_peers,
+    "peer_pools": show_peer_pools,
     "dns_hosts": show_empty("sqs", "hostname ttl addrs"),
     "dns_zones": show_empty("sqi", "zonename serial count"),
 }
@@ -452,7 +465,7 @@ HELP = """
 \tDISABLE <db>
 \tENABLE <db>
 \tRECONNECT [<db>]
-\tKILL <db>
+\tKILL [<db>]
 \tKILL_CLIENT <client_id>
 \tSUSPEND
 \tSHUTDOWN

@@ -1,5 +1,9 @@
 """The asyncio layer: the client and server Protocols, pipelining, flow control, auth_query.
 
+Beside the two Protocols (client.py, server.py) sit what they act through: a client's
+outbox and its rewriting at the link (outbox.py), the pooler's own queries on a server
+(hidden_queries.py), writes deferred to the end of a loop round (deferred_writes.py).
+
 Thin glue around the sans-IO core. The hot path lives in the two `data_received` methods:
 they walk 5-byte message headers, forward bodies as they arrive, and parse only the few
 messages the pooler must understand.

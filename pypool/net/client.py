@@ -7,10 +7,14 @@ The login is net/client_login.py's, around core/client_login.py's exchanges (the
 packet, TLS, then the password). After it, every byte the client sends goes to the request
 reader (core/frontend.py), which frames it, counts it in the client's FrontendLedger
 (core/ledger.py) and rewrites it for prepared statements; this Protocol sends what the
-reader returns to the linked server, or keeps it in its outbox until one is assigned, and
-acts where the reader stops (Terminate, a protocol error). Each ReadyForQuery its server
-forwards is judged by `core.backend.after_ready`: the server goes back to the pool only on
-ReadyForQuery 'I' with the ledger owed nothing.
+reader returns to the linked server, or keeps it in its outbox until one is assigned
+(net/outbox.py, which also rewrites it at the link), and acts where the reader stops
+(Terminate, a protocol error). Each ReadyForQuery its server forwards is judged by
+pooler/transactions.py: the server goes back to the pool only on ReadyForQuery 'I' with the
+ledger owed nothing.
+
+It owns the socket, the client's state and its flow control; what a transaction means for
+the server is decided elsewhere.
 """
 
 from __future__ import annotations
@@ -18,10 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import struct
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
-from ..core import backend
 from ..core.frontend import RequestReader
 from ..core.states import ClientState, client_transition
 from ..pooling import prepared
@@ -30,10 +32,12 @@ from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..protocol.framing import FramingError
+from . import outbox
 from .client_login import ClientLogin
 from .flow_control import ReadingSwitch
 from .socket_ids import socket_ids as _ids  # shared with the other side
 from .socket_options import tune_tcp
+from .unix_socket import peer_uid
 
 if TYPE_CHECKING:
     from ..pooler import Pooler
@@ -42,7 +46,6 @@ if TYPE_CHECKING:
     from .server import ServerConnection
 
 log = logging.getLogger("pypool.client")
-
 
 
 class ClientConnection(ReadingSwitch, asyncio.Protocol):
@@ -88,11 +91,12 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         self.reader = RequestReader(pooler.settings.pooler.max_packet_size)
         self.ledger = self.reader.ledger
         self.writing_paused = False  # our socket is above its high-water mark
-        self._outbox_size = 0
         self.close_after_release = False
-        self._outbox: list[bytes] = []
-        # A driver segment in the outbox, and the end of its Bind (see _relay's fast path).
-        self._outbox_segment: tuple[bytes, int] = (b"", 0)
+        # What it sent while it had no server (net/outbox.py), its size, and the driver
+        # segment in it with the end of its Bind (see relay's fast path).
+        self.outbox: list[bytes] = []
+        self.outbox_size = 0
+        self.outbox_segment: tuple[bytes, int] = (b"", 0)
         # Prepared-statement rewriting (None when off: session mode, max_prepared_statements
         # = 0, the admin console).
         self.statements: prepared.ClientStatements | None = None
@@ -127,9 +131,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         elif sock is not None and sock.family == socket.AF_UNIX:
             self.peer = ("unix", self.pooler.settings.pooler.listen_port)
             try:
-                creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                        struct.calcsize("3i"))
-                self.peer_uid = int(struct.unpack("3i", creds)[1])  # pid, uid, gid
+                self.peer_uid = peer_uid(sock)
             except OSError as exc:
                 log.warning("%r: unix peer uid failed: %s", self, exc)
         self.login.connected(over_unix_socket=self.peer[0] == "unix")
@@ -164,9 +166,9 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             if self.state is ClientState.ACTIVE or self.state is ClientState.IDLE:
                 if self.pool is not None:  # None on the admin console
                     self.pool.stats.bytes_received += len(data)
-                self._relay(data)
+                self.relay(data)
             elif self.state is ClientState.WAITING:
-                self._relay(data)
+                self.relay(data)
             elif self.state is ClientState.STARTUP:
                 self.login.startup_data(data)
             elif self.state is ClientState.AUTH:
@@ -214,7 +216,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
 
     # --- the hot path: client to server (framing, counting, rewriting: core/frontend.py) ---
 
-    def _relay(self, data: bytes) -> None:
+    def relay(self, data: bytes) -> None:
         """Feed the client's bytes to the request reader and send what it returns to the
         linked server (or keep it until one is assigned)."""
         server = self.server
@@ -222,16 +224,16 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         reader = self.reader
         out = reader.feed(data, st, server is not None)
         if reader.changes or reader.refused:
-            self._session_changed()
+            self.pooler.session_changed(self)  # pooler/transactions.py
         if reader.began:
             self.query_start = self.pooler.now()
             if self.tx_status == m.TX_IDLE:
                 self.xact_start = self.query_start
         if out:
-            if reader.segment_end and not self._outbox:
+            if reader.segment_end and not self.outbox:
                 # take_outbox need not look again at these very bytes
-                self._outbox_segment = (out, reader.segment_end)
-            self._forward(out)
+                self.outbox_segment = (out, reader.segment_end)
+            self.forward(out)
             if st is not None and server is not None:
                 self._sent(server, st)
         elif st is not None and st.tracking == 2 and server is not None:
@@ -255,160 +257,16 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
         if st.tracking == 2 and server.client is self and server.at_message_boundary():
             self.write(st.emit_synthetic())
 
-    def _session_changed(self) -> None:
-        """The reader saw statements that change session state (pooling/session_state.py):
-        refused ones are counted and logged; the others are told to the client's record."""
-        reader = self.reader
-        assert self.pool is not None
-        stats = self.pool.stats
-        for command in reader.refused:
-            stats.session_refused += 1
-            log.info("%r: refused %s (session_state = reject)", self, ss.label(command))
-        reader.refused.clear()
-        if reader.changes and self.session is not None:
-            server = self.server
-            self.session.sent(reader.changes, server.session_sets if server else None)
-        reader.changes.clear()
-
-    def _pinned(self, session: ss.ClientSession) -> None:
-        """The client keeps its server after its transaction: say so the first time."""
-        if session.noticed:
-            return
-        session.noticed = True
-        why = session.pinned()
-        assert self.pool is not None
-        self.pool.stats.session_pinned += 1
-        log.info("%r: pinned to its server (%s) until that state is gone", self, why)
-        # Right after the ReadyForQuery: a message boundary, and libpq takes the notice then.
-        self.write(m.notice_response(
-            f"pypool: this connection keeps its server until the session state is gone "
-            f"({why})"))
-
-    def _forward(self, data: bytes) -> None:
+    def forward(self, data: bytes) -> None:
+        """To the linked server, the console, or the outbox until a server is linked."""
         server = self.server
         if server is not None:
             server.send(data)
-            return
-        if self.admin is not None:
+        elif self.admin is not None:
             self.admin.received(data)
-            return
-        self._outbox.append(data)
-        self._outbox_size += len(data)
-        if self._outbox_size > OUTBOX_HIGH_WATER:
-            # Waiting for a server with this much to send: stop reading until linked, as a
-            # socket buffer would fill.
-            self.pause_reading()
-        if self.state is ClientState.IDLE:
-            self.pooler.request_server(self)
-
-    def take_outbox(self, server: ServerConnection | None = None) -> bytes:
-        """What the client sent while it had no server, for `server` that it is linked to
-        now (rewritten for it when prepared statements are)."""
-        outbox = self._outbox
-        segment, bind_end = self._outbox_segment
-        self._outbox_segment = (b"", 0)
-        if self._outbox_size > OUTBOX_HIGH_WATER and self._reading_paused and (
-            server is None or not server.writing_paused
-        ):
-            self.resume_reading()
-        self._outbox_size = 0
-        if len(outbox) == 1:
-            data = outbox[0]
-            if data is not segment:
-                bind_end = 0
         else:
-            data = b"".join(outbox)
-            bind_end = 0
-        outbox.clear()
-        if self.statements is None or server is None:
-            return data
-        st = server.statements
-        sql = st.attach(self.statements)  # b"" unless it has SQL-level statements
-        data = self._rewrite_whole(st, data, bind_end)
-        return sql + data if sql else data
-
-    def _rewrite_whole(self, st: prepared.ServerStatements, data: bytes,
-                       bind_end: int = 0) -> bytes:
-        """Rewrite whole, already counted messages (core/frontend.py). A malformed one:
-        what came before it is sent, then the client dropped (not from here: this may run
-        inside the server's relay)."""
-        reader = self.reader
-        out = reader.rewrite_whole(st, data, bind_end)
-        if reader.error is not None:
-            exc, reader.error = reader.error, None
-            self.pooler.loop.call_soon(self.fail, exc)
-        return out
-
-    def resume_rewriting(self) -> None:
-        """The reply a WAIT depended on has come (or the server was released): carry on
-        with what the client sent meanwhile."""
-        reader = self.reader
-        if not reader.blocked:
-            return
-        reader.blocked = False
-        server = self.server
-        if server is not None:
-            server.statements.blocked = False
-        held, reader.held = reader.held, b""
-        if held:
-            if server is not None:
-                out = self._rewrite_whole(server.statements, held)
-                if out:
-                    server.send(out)
-                if reader.blocked:
-                    return
-            else:
-                self._forward(held)
-        self.carry_on()
-
-    def carry_on(self) -> None:
-        """Relay what the client sent while it had to wait (login, a WAIT, a SET)."""
-        if self.reader.partial:
-            self._relay(self.reader.take_partial())
+            outbox.keep(self, data)
 
     def params_seen(self, name: str, value: str) -> None:
         """A ParameterStatus from the linked server: the client's setting changed."""
         self.params[name] = value
-
-    def ready_for_query(self, status: int) -> None:
-        """Called by the linked server for each ReadyForQuery it forwards to this client:
-        the ledger says what it means for the server (core/backend.py `after_ready`)."""
-        self.tx_status = status
-        pool = self.pool
-        assert pool is not None
-        stats = pool.stats
-        stats.query_count += 1
-        server = self.server
-        mode = pool.limits.pool_mode
-        verdict = backend.after_ready(self.ledger, status, mode, self.state is ClientState.CLOSED,
-                                      server is not None and bool(server.chain))
-        if verdict == backend.OWED:
-            return
-        if verdict == backend.CLOSE_DOUBT:
-            if server is not None:
-                # The count of replies owed may be wrong (core/ledger.py): never hand it on.
-                server.close("reply bookkeeping in doubt after a failed COPY")
-            return
-        session = self.session
-        if session is not None and server is not None and (
-                session.pending or session.pins or self.ledger.errors != session.errors_seen):
-            session.ready(status, self.ledger.errors, server.session_sets)
-            if verdict == backend.RELEASE and session.pins:
-                verdict = backend.SESSION_XACT  # pinned: keeps its server, as in session mode
-                self._pinned(session)
-        now = self.pooler.now()
-        stats.query_time_us += int((now - self.query_start) * 1e6)
-        self.state_since = now
-        if verdict == backend.RELEASE:
-            self.pooler.release(self, now)
-        elif verdict == backend.SESSION_XACT:
-            stats.xact_count += 1
-        elif verdict == backend.CLOSE_OPEN:
-            assert server is not None
-            server.close("transaction still open where the pipeline expected none")
-        elif verdict == backend.STATEMENT_REFUSED:
-            self.fail(PoolerError("transaction blocks not allowed in statement pooling mode"))
-
-
-# What a client without a server may have sent before its reads are paused (bytes).
-OUTBOX_HIGH_WATER: Final = 1 << 20

@@ -29,7 +29,7 @@ from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..protocol.startup import MAX_AUTH_MESSAGE, CancelRequest
-from . import tls
+from . import outbox, tls
 from .unix_socket import os_user_name
 
 if TYPE_CHECKING:
@@ -248,7 +248,7 @@ class ClientLogin:
                 reader.reject = "transaction"
             elif policy == "follow":
                 client.session = ss.ClientSession(_followed(cfg.track_extra_parameters))
-        client.carry_on()
+        outbox.carry_on(client)
 
 
 # --- what every login shares --------------------------------------------------------------

@@ -9,7 +9,7 @@ server straight away, up to `pipeline_depth` deep. The server runs them back to 
 client gets its own replies, and owns the server from its predecessor's ReadyForQuery to
 its own, exactly as if it had been linked then. PgBouncer always waits for the round trip.
 The requests queued on a server in one round of the event loop leave in one write at its
-end (`ServerConnection.send_soon`), so its backend reads them, and wakes, once.
+end (net/deferred_writes.py `send_soon`), so its backend reads them, and wakes, once.
 
 "Sure to be over at its Sync" is decided by the prepared-statement layer
 (`ServerStatements.last_neutral`): the client was idle (its last ReadyForQuery said `I`)
@@ -78,6 +78,7 @@ from ..pooling.prepared.guard import FAILED, PENDING, SKIPPED, Guard
 from ..pooling.session_state import sync_statements
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
+from . import deferred_writes, outbox
 
 if TYPE_CHECKING:
     from ..pooler import Pooler
@@ -135,7 +136,7 @@ def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
         out.append(follow(server, client))
     data = b"".join(out)
     if data:
-        server.send_soon(data)
+        deferred_writes.send_soon(server, data)
 
 
 def may_serve_on(pooler: Pooler, server: ServerConnection) -> bool:
@@ -166,7 +167,7 @@ def join_open_line(pooler: Pooler, client: ClientConnection) -> bool:
             client.wait_start = pooler.now()
             data = follow(server, client)
             if data:
-                server.send_soon(data)
+                deferred_writes.send_soon(server, data)
             if len(server.chain) < depth and can_follow_any(server):
                 server.open_line = True
                 lines.append(server)
@@ -216,9 +217,9 @@ def guardable(client: ClientConnection) -> bool:
     """Whether what `client` waits to send is one extended-protocol segment ending at its
     Sync, which a guard can open (see the module docstring)."""
     ledger = client.ledger
-    outbox = client._outbox
+    kept = client.outbox
     return (ledger.pending == 1 and not ledger.unsynced and not ledger.copy
-            and bool(outbox) and _EXTENDED[outbox[0][0]])
+            and bool(kept) and _EXTENDED[kept[0][0]])
 
 
 def guarded(client: ClientConnection) -> bool:
@@ -240,7 +241,7 @@ def follow(server: ServerConnection, client: ClientConnection) -> bytes:
     pooler = server.pooler
     wait_timeout = pooler.settings.pooler.query_wait_timeout
     if not wait_timeout:
-        return client.take_outbox(server)
+        return outbox.take_outbox(client, server)
     st = client.statements
     assert st is not None
     due = client.wait_start + wait_timeout
@@ -249,7 +250,7 @@ def follow(server: ServerConnection, client: ClientConnection) -> bytes:
     # Until its transaction has started, what it sends waits: were it refused, nothing more
     # of it may run.
     client.reader.blocked = True
-    return server.statements.queue_guard(guard) + client.take_outbox(server)
+    return server.statements.queue_guard(guard) + outbox.take_outbox(client, server)
 
 
 def guard_verdict(guard: Guard) -> None:
@@ -277,7 +278,7 @@ def _send_on(client: ClientConnection, guard: Guard) -> None:
         return  # released already (and sending on), or gone
     last = server.chain[-1] if server.chain else server.client
     if last is client:
-        client.resume_rewriting()
+        outbox.resume_rewriting(client)
 
 
 def skipped_in_line(client: ClientConnection) -> bool:

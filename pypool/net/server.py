@@ -6,9 +6,11 @@ table in core/states.py, which says what each means.
 The login is net/server_login.py's, around core/server_login.py's exchange; after it, every
 byte the server sends goes to the reply reader (core/replies.py), which frames it, keeps the
 backend ledger of the pooler's own queries (core/backend.py) and says where to act. This
-Protocol writes what the reader leaves for the linked client, tells the client of each
-ReadyForQuery (the client's ledger decides a release), settles the pooler's own queries with
-the pooler, and carries flow control. The server is never handed on while replies are owed.
+Protocol writes what the reader leaves for the linked client, tells the pooler of each
+ReadyForQuery the client gets (pooler/transactions.py: the client's ledger decides a
+release), hands the settled outcome of the pooler's own queries to net/hidden_queries.py,
+and carries flow control. Writes to the server go out at once (`send`) or at the end of the
+loop's round (net/deferred_writes.py). The server is never handed on while replies are owed.
 """
 
 from __future__ import annotations
@@ -18,15 +20,12 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
-from ..core import backend as backend_ledger
 from ..core import replies
-from ..core.backend import HIDDEN_CHECK, HIDDEN_PLAIN
 from ..core.server_login import ServerLoginError
 from ..core.states import ServerEvent, ServerState, server_transition
 from ..pooling import prepared
-from ..pooling.params import covers, set_statements
-from ..pooling.session_state import SESSION_SETTINGS
 from ..protocol import messages as m
+from . import deferred_writes, hidden_queries, outbox
 from .flow_control import ReadingSwitch
 from .server_login import ServerLogin
 from .socket_ids import socket_ids as _ids  # shared with the other side
@@ -39,8 +38,6 @@ if TYPE_CHECKING:
     from .hooks import ServerTap, WireTrace
 
 log = logging.getLogger("pypool.server")
-
-
 
 
 class ServerConnection(ReadingSwitch, asyncio.Protocol):
@@ -102,9 +99,9 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.tls_info = ""
         self._reading_paused = False
         self.writing_paused = False  # our socket to PostgreSQL is above its high-water mark
-        # Requests queued by `send_soon`, written together when this round of the event loop
-        # has read everything that was ready.
-        self._deferred: list[bytes] = []
+        # Requests written together when this round of the event loop has read everything
+        # that was ready (net/deferred_writes.py).
+        self.deferred: list[bytes] = []
 
     # --- state ----------------------------------------------------------------------------
 
@@ -159,7 +156,7 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         self.close_reason = reason
         # Deferred requests go first, as they would have had they been written at once (a
         # client's query followed by its Terminate still runs, as without pipelining).
-        self.flush()
+        deferred_writes.flush(self)
         if self.state in (ServerState.IDLE, ServerState.ACTIVE):
             try:
                 if self.trace is not None:
@@ -174,35 +171,11 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         pooler's own query, for the trace)."""
         if self.trace is not None:
             self.trace.server_write(self, data, own)
-        if self._deferred:
-            self._deferred.append(data)
+        if self.deferred:
+            self.deferred.append(data)
         else:
             assert self.transport is not None
             self.transport.write(data)
-
-    def send_soon(self, data: bytes) -> None:
-        """Write client requests once this round of the event loop has read everything that
-        was ready: requests pipelined onto this server meanwhile go out in one write, and wake
-        its backend once (net/pipeline.py)."""
-        if self.trace is not None:
-            self.trace.server_write(self, data)
-        if not self._deferred:
-            self.pooler.flush_soon(self)
-        self._deferred.append(data)
-
-    def flush(self) -> None:
-        """Write what `send_soon` deferred (`close` does so first; dropped if the server is
-        already closed: the clients it was for got an error from the close)."""
-        if self._deferred:
-            data = b"".join(self._deferred)
-            self._deferred.clear()
-            if self.transport is not None and self.state is not ServerState.CLOSED:
-                self.transport.write(data)
-
-    def send_hidden_query(self, sql: str, purpose: int = HIDDEN_PLAIN) -> None:
-        """Send a query whose replies the client must not see (core/backend.py)."""
-        self.backend.query(purpose)
-        self.send(m.query(sql), True)
 
     @property
     def hidden_syncs(self) -> int:
@@ -228,39 +201,6 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             reader.frontend = client.ledger
             reader.client_params = client.params
             reader.statement_mode = self.pool.limits.pool_mode == "statement"
-
-    def prepare_for(self, client: ClientConnection, check_query: str,
-                    session_sql: bytes = b"") -> None:
-        """What must succeed before `client`'s requests may go: `check_query` (if any),
-        then a SET of the parameters whose values differ from the client's, and
-        `session_sql`, which gives this server the client's other settings. The pooler is
-        told how it went (parameters_applied, check_failed, parameters_failed)."""
-        self.setting_for = client
-        if check_query:
-            self.send_hidden_query(check_query, HIDDEN_CHECK)
-        if session_sql or not covers(self.params, client.params):
-            self.send_parameters(client, session_sql)
-
-    def send_parameters(self, client: ClientConnection, session_sql: bytes = b"") -> None:
-        """SET the parameters whose values differ from the linked `client`'s. Its requests
-        wait for the reply (pooler.parameters_applied): if the SET fails, they must not run
-        under the wrong client_encoding or TimeZone.
-
-        PostgreSQL sends a ParameterStatus only when a value changes: a SET of another
-        spelling of the current value (client_encoding 'utf-8' for UTF8, DateStyle ISO for
-        "ISO, MDY") changes nothing and says nothing. So once the SET has succeeded, the
-        client's values become the server's, whichever way it went; else the next link would
-        send the same SET again."""
-        wanted = client.params
-        names = [name for name, value in wanted.items() if self.params.get(name) != value]
-        self.setting_for = client
-        sql = set_statements(wanted, self.params).encode()
-        if session_sql:
-            names.append(SESSION_SETTINGS)  # so the SET is judged even with no name above
-            # The other client's settings undone and this one's made, then the tracked ones.
-            sql = b"; ".join([part for part in (session_sql, sql) if part])
-        self.backend.parameters(names)
-        self.send(m.message(m.QUERY, sql + b"\x00"), True)
 
     # --- login ----------------------------------------------------------------------------
 
@@ -303,11 +243,11 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
                 client = self.client
                 if client is not None:
                     # This may hand the server to the next client of its line (pipeline.py).
-                    client.ready_for_query(reader.status)
+                    self.pooler.ready_for_query(client, reader.status)
                     if self.close_reason:
                         return
             elif event == replies.HIDDEN:
-                self._hidden_outcome(reader.outcome)
+                hidden_queries.hidden_outcome(self, reader.outcome)
             else:
                 break
             if not reader.more():
@@ -317,27 +257,8 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             # The client whose messages wait is the last one queued on this server.
             sender = self.chain[-1] if self.chain else self.client
             if sender is not None:
-                sender.resume_rewriting()
+                outbox.resume_rewriting(sender)
 
     def at_message_boundary(self) -> bool:
         """Whether the next byte from the server starts a message (nothing half-relayed)."""
         return self.reader.at_message_boundary()
-
-    def _hidden_outcome(self, outcome: int) -> None:
-        """A pooler-issued query settled (core/backend.py says how)."""
-        client = self.setting_for
-        backend = self.backend
-        if outcome == backend_ledger.CHECK_FAILED:
-            self.setting_for = None
-            self.pooler.check_failed(self, client, backend.last_error.get("M", ""))
-            return
-        self.setting_for = None
-        if client is None or client is not self.client:
-            return  # it left meanwhile
-        if outcome == backend_ledger.SET_FAILED:
-            self.pooler.parameters_failed(self, client, backend.last_error)
-            return
-        for name in backend.applied:
-            if name in self.params:
-                client.params_seen(name, self.params[name])
-        self.pooler.parameters_applied(self, client)

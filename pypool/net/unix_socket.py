@@ -17,7 +17,7 @@ forked worker shares the socket but never removes it) and only while the lock is
 
 It owns the two files and the listening socket object, nothing else: lifecycle.start serves
 the socket with loop.create_unix_server; each accepted connection is a ClientConnection,
-which reads its peer's uid (SO_PEERCRED) itself.
+which reads its peer's uid with `peer_uid` (SO_PEERCRED).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import os
 import pwd
 import socket
 import stat
+import struct
 from dataclasses import dataclass
 from typing import Final
 
@@ -39,6 +40,14 @@ MAX_SOCKET_PATH: Final = 107
 
 class UnixSocketError(OSError):
     """The unix socket cannot be set up; the message says why and which setting changes it."""
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of an accepted unix-socket connection
+    (SO_PEERCRED), for `auth_type = peer` and the console's own-user login. OSError if
+    the kernel will not say."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])  # pid, uid, gid
 
 
 def os_user_name(uid: int | None) -> str | None:

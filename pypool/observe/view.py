@@ -367,6 +367,14 @@ class PoolerView:
     def pool_count(self) -> int:
         return len(self._pooler.pools)
 
+    def peer_pools(self) -> list[tuple[int, int, int, int, int]]:
+        """SHOW PEER_POOLS' rows: for each peer a cancel has been forwarded to, peer_id,
+        cancels sent (cl_active_cancel_req), queued (cl_waiting_cancel_req), their
+        connections (sv_active_cancel) and those still connecting (sv_login)."""
+        pools = getattr(self._pooler, "peer_pools", {})  # a test's stand-in may have none
+        return [(peer_id, pool.active, len(pool.waiting), pool.active, pool.login)
+                for peer_id, pool in sorted(pools.items())]
+
     # --- pools, clients, servers --------------------------------------------------------
 
     def pools(self, connections: bool = False) -> list[PoolInfo]:

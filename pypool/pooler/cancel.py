@@ -3,7 +3,8 @@
 Clients are given pooler-issued cancel keys at login (objects.py); a CancelRequest carrying
 one is sent on a connection of its own to PostgreSQL with the server's real key. It owns the
 server's `cancels_in_flight` count: while a cancel is on its way the server is handed to no
-one else, since a cancel landing late would hit the next client's query.
+one else, since a cancel landing late would hit the next client's query. A key another
+peer or worker issued is passed on to it first (peers.py).
 
 Never forward a cancel that could land on another client's query: one from a client queued
 behind another in a pipeline, or from the head of a line with others queued behind it, is
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..core.states import ServerState
 from ..protocol import messages as m
-from . import linking
+from . import linking, peers
 
 if TYPE_CHECKING:
     from ..net.server import ServerConnection
@@ -27,9 +28,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("pypool")
 
 
-
 def forward_cancel(pooler: Pooler, pid: int, secret: int) -> None:
-    """A CancelRequest with a pooler-issued key goes to the server that client holds.
+    """A CancelRequest: to the peer or worker that issued its key (peers.py), else here."""
+    key = peers.route(pooler, pid, secret)
+    if key is not None:
+        cancel_here(pooler, *key)
+
+
+def cancel_here(pooler: Pooler, pid: int, secret: int) -> None:
+    """A CancelRequest with a key this process issued goes to the server that client holds.
 
     Until PostgreSQL has taken the cancel (it closes the cancel connection once it has
     signalled the backend), the server is handed to no one else, or the cancel could hit

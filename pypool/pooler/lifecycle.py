@@ -142,6 +142,7 @@ def apply_settings(pooler: Pooler, new: Settings) -> None:
         for pool in list(pooler.pools.values()):
             pool.login_error = None
             tag_dirty(pooler, pool, "obsolete connection (server TLS configuration changed)")
+    _resize_statement_caches(pooler, old.pooler.max_prepared_statements)
     research.apply(pooler, old.pooler)  # policies; the transaction log reopened (rotation)
     tracing.apply(pooler, old.pooler)
     for pool in list(pooler.pools.values()):
@@ -169,6 +170,19 @@ def apply_settings(pooler: Pooler, new: Settings) -> None:
     # A database added with a forced user and min_pool_size gets its pool now, as at start.
     for pool_key in _min_pool_keys(pooler):
         pooler.pool_for(*pool_key)
+
+
+def _resize_statement_caches(pooler: Pooler, old_cap: int) -> None:
+    """A new max_prepared_statements applies to every server's cache at once, as in
+    PgBouncer: it is enforced at the next statement each server prepares (so lowering it
+    closes nothing until then). 0 turns rewriting off for clients that connect later; the
+    clients already in keep theirs, so the servers keep the old cap for them."""
+    cap = pooler.settings.pooler.max_prepared_statements
+    if cap == old_cap or cap == 0:
+        return
+    for pool in pooler.pools.values():
+        for server in (*pool.idle, *pool.active, *pool.login, *pool.being_canceled):
+            server.statements.cap = cap
 
 
 # PgBouncer's log lines for the signals, which scripts and its test suite grep.

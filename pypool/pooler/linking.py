@@ -24,7 +24,7 @@ import logging
 from typing import TYPE_CHECKING, Final
 
 from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
-from ..net import pipeline
+from ..net import hidden_queries, outbox, pipeline
 from ..pooling.params import covers
 from ..pooling.session_state import sync_statements
 from ..protocol import errors
@@ -108,7 +108,7 @@ def link(pooler: Pooler, client: ClientConnection, server: ServerConnection,
         # What the client sent waits for the check's and the SET's replies
         # (parameters_applied, check_failed, parameters_failed).
         client.reader.blocked = True
-        server.prepare_for(client, check, sync)
+        hidden_queries.prepare_for(server, client, check, sync)
         return
     if session is not None and session.pending:
         server.session_sets = session.on_server()
@@ -122,7 +122,7 @@ def parameters_applied(pooler: Pooler, server: ServerConnection,
     client.check_failures = 0
     _send_outbox(pooler, client, server)
     if not client.reader.blocked:
-        client.carry_on()  # what it sent meanwhile
+        outbox.carry_on(client)  # what it sent meanwhile
 
 
 def check_failed(pooler: Pooler, server: ServerConnection, client: ClientConnection | None,
@@ -165,7 +165,7 @@ def parameters_failed(pooler: Pooler, server: ServerConnection, client: ClientCo
 
 
 def _send_outbox(pooler: Pooler, client: ClientConnection, server: ServerConnection) -> None:
-    data = client.take_outbox(server)
+    data = outbox.take_outbox(client, server)
     if data:
         if pipeline.worth_extending(server):
             # Sends data, then the waiting clients' behind it, or lists the server as
@@ -204,7 +204,7 @@ def release(pooler: Pooler, client: ClientConnection, now: float = 0.0) -> None:
     if client.close_after_release:  # SIGINT: its transaction is done, and so is it
         client.fail(PoolerError("server shutting down", errors.ADMIN_SHUTDOWN))
     elif client.reader.blocked:
-        client.resume_rewriting()  # what it sent meanwhile goes to its next server
+        outbox.resume_rewriting(client)  # what it sent meanwhile goes to its next server
 
 
 def _hand_back(pooler: Pooler, server: ServerConnection, now: float) -> None:
@@ -225,7 +225,7 @@ def _reset_always(pooler: Pooler, server: ServerConnection) -> None:
     """server_reset_query_always: the reset query after every transaction, in every
     pool mode (its replies are hidden; the next client's requests queue behind it)."""
     if pooler.reset_query_always:
-        server.send_hidden_query(pooler.reset_query_always)
+        hidden_queries.send_hidden_query(server, pooler.reset_query_always)
 
 
 def server_available(pooler: Pooler, server: ServerConnection, now: float = 0.0) -> None:

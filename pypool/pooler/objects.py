@@ -35,7 +35,7 @@ from ..auth.auth_file import load_auth_file
 from ..auth.md5 import is_md5_hash
 from ..auth.scram import ScramVerifier, is_scram_verifier
 from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
-from ..net import pipeline
+from ..net import hidden_queries, pipeline
 from ..net.client import ClientConnection
 from ..net.hooks import (
     OpenConsole,
@@ -50,14 +50,24 @@ from ..net.tls import Tls
 from ..net.unix_socket import UnixSocket
 from ..pooling import session_state as ss
 from ..pooling.client_limits import ClientCounts
+from ..pooling.peer_pool import PeerPool
 from ..pooling.pool import Pool, PoolLimits
 from ..pooling.prepared import Registry
 from ..pooling.stats import StatsPeriods
-from ..protocol import errors
+from ..protocol import cancel_key, errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..settings import DatabaseEntry, Settings
-from . import auth_database, cancel, hba_login, lifecycle, linking, research, tracing
+from . import (
+    auth_database,
+    cancel,
+    hba_login,
+    lifecycle,
+    linking,
+    research,
+    tracing,
+    transactions,
+)
 from .host_lists import HostChooser
 
 log = logging.getLogger("pypool")
@@ -98,6 +108,12 @@ class Pooler:
         self.clients: set[ClientConnection] = set()
         self.login_clients: set[ClientConnection] = set()
         self.cancel_keys: dict[tuple[int, int], ClientConnection] = {}
+        # Cancels on their way to [peers] (peers.py); with `workers`, this one's number, how
+        # many there are and their parent (set by cli.serve before start).
+        self.peer_pools: dict[int, PeerPool] = {}
+        self.worker_index = cancel_key.NO_WORKER
+        self.worker_count = 0
+        self.worker_parent = 0
         self.servers_per_db: dict[str, int] = {}
         self.servers_per_user: dict[str, int] = {}
         self.auth_secrets: dict[str, str] = {}
@@ -114,7 +130,8 @@ class Pooler:
         self.stopped = self.loop.create_future()
         self.janitor_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._to_flush: list[ServerConnection] = []  # servers with deferred writes
+        # Servers with writes deferred to the end of this round (net/deferred_writes.py).
+        self.to_flush: list[ServerConnection] = []
         # The operator's switches (admin console, SIGUSR1/2): PAUSE of everything or of some
         # databases, DISABLE; databases gone from the config whose clients are still here.
         self.paused_all = False
@@ -362,12 +379,19 @@ class Pooler:
         pool.stats.count_error("server_login_failed")
         server.close(f"login failed: {text}")
         self.server_closed(server, f"login failed: {text}")
+        if self.settings.pooler.log_disconnections:
+            log.info("%r: closing because: %s", server, text)  # PgBouncer's second line
+        if fields.get("C") == errors.CANNOT_CONNECT_NOW:
+            # "the database system is starting up" (or shutting down, in recovery): a
+            # moment's state, not a broken login. As PgBouncer, no one is failed for it; the
+            # queue waits for the next try, after server_login_retry.
+            return
         # The clients waiting for this login get the server's own error; so do those queued
         # when no server is left to serve them (they would wait query_wait_timeout for
         # nothing: no login is tried again before server_login_retry).
         stranded = list(pool.awaiting_params)
         pool.awaiting_params.clear()
-        if not pool.idle and not pool.active and not pool.login and not pool.being_canceled:
+        if not _has_usable_server(pool):
             stranded += [client for client in pool.waiting if client.state is ClientState.WAITING]
             pool.waiting.clear()
         for client in stranded:
@@ -394,7 +418,7 @@ class Pooler:
         entry = self.settings.database(pool.database) or self.retired.get(pool.database)
         if entry is not None and entry.connect_query:
             # Before any client: its replies are hidden, the first client's requests follow.
-            server.send_hidden_query(entry.connect_query)
+            hidden_queries.send_hidden_query(server, entry.connect_query)
         linking.server_available(self, server)
 
     def server_closed(self, server: ServerConnection, reason: str) -> None:
@@ -521,7 +545,8 @@ class Pooler:
             self.scram_client_keys[client.user] = scram_key
         while True:
             # Unpredictable: a guessed key would let one client cancel another's queries.
-            key = (secrets.randbits(31), secrets.randbits(32))
+            key = cancel_key.issue(secrets.randbits(31), secrets.randbits(32),
+                                   self.settings.pooler.peer_id, self.worker_index)
             if key not in self.cancel_keys:
                 break
         client.cancel_key = key
@@ -559,11 +584,13 @@ class Pooler:
         and it has none to serve with (PgBouncer 1.25): at once, rather than after
         query_wait_timeout; None when the pool may serve."""
         failed = pool.login_error
-        if failed is None or pool.idle or pool.active or pool.login or pool.being_canceled:
+        if failed is None or _has_usable_server(pool):
             return None
         if self.now() - failed[1] >= self.settings.pooler.server_login_retry:
             return None
         fields = m.parse_error_fields(failed[0][5:])
+        if fields.get("C") == errors.CANNOT_CONNECT_NOW:
+            return None  # passing (see _login_failed): wait for the next try instead
         return PoolerError(
             f"server login has been failing, cached error: {fields.get('M', '')} "
             "(server_login_retry)"
@@ -613,7 +640,7 @@ class Pooler:
                 if ss.LOAD in session.pins:
                     clean, why = False, "its client LOADed a library, which stays loaded"
                 else:
-                    server.send_hidden_query("DISCARD ALL")
+                    hidden_queries.send_hidden_query(server, "DISCARD ALL")
                     server.session_sets.clear()
             if clean:
                 cfg = self.settings.pooler
@@ -621,7 +648,7 @@ class Pooler:
                 if cfg.server_reset_query and (
                     pool.limits.pool_mode == "session" or cfg.server_reset_query_always
                 ):
-                    server.send_hidden_query(cfg.server_reset_query)
+                    hidden_queries.send_hidden_query(server, cfg.server_reset_query)
                 linking.server_available(self, server)
             else:
                 server.close(why)
@@ -631,23 +658,7 @@ class Pooler:
             log.info("%r: closing because: %s", client, reason)
         lifecycle.maybe_exit(self)
 
-    # --- deferred writes and pipelining --------------------------------------------------
-
-    def flush_soon(self, server: ServerConnection) -> None:
-        """Have `server.flush()` called at the end of this round of the event loop (its
-        callbacks run once every connection with something ready has been read)."""
-        if not self._to_flush:
-            self.loop.call_soon(self._flush_servers)
-        self._to_flush.append(server)
-
-    def _flush_servers(self) -> None:
-        servers, self._to_flush = self._to_flush, []
-        for server in servers:
-            try:
-                server.flush()
-            except Exception:  # noqa: BLE001 - one broken socket must not strand the others
-                log.exception("%r: writing deferred requests failed", server)
-                server.close("write failed")
+    # --- pipelining ----------------------------------------------------------------------
 
     def pipeline(self, server: ServerConnection) -> None:
         """The linked client has sent a whole transaction: if it ends at its Sync, queue
@@ -661,6 +672,15 @@ class Pooler:
     def request_server(self, client: ClientConnection) -> None:
         """The client has sent something that needs a server (linking.py)."""
         linking.request_server(self, client)
+
+    def ready_for_query(self, client: ClientConnection, status: int) -> None:
+        """The linked server forwarded a ReadyForQuery to `client`: release, keep or close
+        the server (transactions.py)."""
+        transactions.ready_for_query(self, client, status)
+
+    def session_changed(self, client: ClientConnection) -> None:
+        """The client sent statements that change session state (transactions.py)."""
+        transactions.session_changed(client)
 
     def release(self, client: ClientConnection, now: float = 0.0) -> None:
         """The client's transaction ended and nothing is owed: its server goes back
@@ -730,6 +750,18 @@ def _start_auth(client: ClientConnection, secret: str | None, auth_type: str,
     if auth_type == "trust" and secret is None and not known:
         raise PoolerError('"trust" authentication failed', side=errors.Side.CLIENT)
     client.login.start_auth(secret, auth_type)
+
+
+def _has_usable_server(pool: Pool) -> bool:
+    """Whether a server of the pool may still serve its queue: one that is not being
+    replaced (RECONNECT, a changed [databases] entry: `close_needed`), as PgBouncer counts
+    a dirty pool's servers as gone when a login fails (kill_pool_logins)."""
+    dirty = pool.close_needed
+    for group in (pool.idle, pool.active, pool.login, pool.being_canceled):
+        for server in group:
+            if server not in dirty:
+                return True
+    return False
 
 
 def _connect_failure(failure: Exception) -> str:

@@ -323,8 +323,28 @@ def test_kill_drops_clients_and_servers(bouncer: Pooler, postgres: EmbeddedPostg
             assert not held.done
             admin.execute("RESUME app")
             assert held.result() == (3,)
-        with pytest.raises(psycopg.errors.ProtocolViolation, match="a database is required"):
-            admin.execute("KILL")
+
+
+def test_kill_without_a_database_kills_every_pool(bouncer: Pooler,
+                                                  postgres: EmbeddedPostgres) -> None:
+    """PgBouncer 1.25: KILL alone drops the clients and servers of every database that has
+    a pool and pauses each one; the console itself carries on."""
+    with app(bouncer) as one, app(bouncer, "bench") as two, console(bouncer) as admin:
+        one.execute("SELECT 1")
+        two.execute("SELECT 1")
+        assert admin.execute("KILL").statusmessage == "KILL"
+        for victim in (one, two):
+            with pytest.raises(psycopg.OperationalError):
+                victim.execute("SELECT 1")
+        wait_until(lambda: server_connections(postgres, "app", "app") == 0)
+        wait_until(lambda: server_connections(postgres, "bench", "app") == 0)
+        assert row(admin, "DATABASES", name="app")["paused"] == 1
+        assert row(admin, "DATABASES", name="bench")["paused"] == 1
+        assert row(admin, "DATABASES", name="postgres")["paused"] == 0  # had no pool
+        assert admin.execute("RESUME app").statusmessage == "RESUME"
+        assert admin.execute("RESUME bench").statusmessage == "RESUME"
+        with app(bouncer) as late:
+            assert late.execute("SELECT 4").fetchone() == (4,)
 
 
 def test_kill_client_by_id(bouncer: Pooler) -> None:
@@ -527,7 +547,9 @@ def test_same_columns_and_errors_as_real_pgbouncer(bouncer: Pooler, real_pgbounc
                 assert our_columns == columns(real, what), what
             for what, key in (("LISTS", "list"), ("TOTALS", "name"), ("STATE", "key")):
                 assert [r[key] for r in show(ours, what)] == [r[key] for r in show(real, what)]
-            for query in ("BOGUS", "PAUSE nope", "KILL", "RESUME", "SET no_such_key = 1"):
+            # (A bare KILL is an error before PgBouncer 1.25 and kills every pool from 1.25
+            # on, as pypool does: tested on its own.)
+            for query in ("BOGUS", "PAUSE nope", "RESUME", "SET no_such_key = 1"):
                 with pytest.raises(psycopg.Error) as theirs:
                     real.execute(query)
                 with pytest.raises(psycopg.Error) as mine:

@@ -603,7 +603,7 @@ def test_server_terminated_under_a_pipeline(pooler, postgres) -> None:
     assert backends_idle_in_transaction(postgres) == 0
 
 
-# --- deferred writes (ServerConnection.send_soon) --------------------------------------------
+# --- deferred writes (net/deferred_writes.py) -------------------------------------------------
 
 
 class RecordingTransport:
@@ -622,6 +622,7 @@ async def test_deferred_requests_go_out_in_one_write_and_nothing_overtakes_them(
     """Requests pipelined onto a server in one round of the event loop leave in one write at
     its end; anything sent to that server meanwhile (more of the head's request, read in the
     same round) goes behind them, never before."""
+    from pypool.net.deferred_writes import send_soon
     from pypool.net.server import ServerConnection
     from pypool.pooler import Pooler
     from pypool.settings import from_url
@@ -636,8 +637,8 @@ async def test_deferred_requests_go_out_in_one_write_and_nothing_overtakes_them(
     transport = RecordingTransport()
     server.transport = transport  # type: ignore[assignment]
     server.send(b"head-1 ")
-    server.send_soon(b"head-2 ")
-    server.send_soon(b"follower ")
+    send_soon(server, b"head-2 ")
+    send_soon(server, b"follower ")
     server.send(b"head-3")
     assert transport.writes == [b"head-1 "]
     await asyncio.sleep(0)  # the end of this round: the pooler flushes
@@ -646,7 +647,7 @@ async def test_deferred_requests_go_out_in_one_write_and_nothing_overtakes_them(
     assert transport.writes[-1] == b"next"
     # Closed with requests still deferred (a client sent a query and its Terminate in one
     # packet): they go out before the server closes, as if written at once.
-    server.send_soon(b"last")
+    send_soon(server, b"last")
     server.close("client gone")
     assert transport.writes[-1] == b"last" and transport.closed
 

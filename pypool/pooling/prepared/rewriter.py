@@ -12,6 +12,7 @@ the SQL-level names (sql.py). The theory of operation is in this package's __ini
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Final
 
 from ...protocol import errors
@@ -63,6 +64,8 @@ from .sql import SQL_FIRST
 
 if TYPE_CHECKING:
     from ..pool import PoolStats
+
+log = logging.getLogger("pypool.prepared")
 
 # What follows the Bind in a libpq-style execution of a prepared statement (PQexecPrepared:
 # Describe of the unnamed portal, Execute of it with no row limit, Sync; some drivers leave
@@ -338,6 +341,8 @@ class ServerStatements(Guards):
             # A duplicate. Parsed under the name of a statement the server has, it fails
             # there as it would here: a syntax error first, 25P02 in a failed transaction,
             # else 42P05, with the name in the message changed back to the client's.
+            # Logged in PgBouncer's words (which closes the client here; pypool does not).
+            log.info("prepared statement '%s' was already prepared", shown(name))
             lru = self.lru
             if existing in lru or not lru:
                 target = existing

@@ -1,0 +1,97 @@
+"""The pooler's own queries on a server, whose replies no client sees.
+
+A server runs queries of the pooler's own besides its clients': server_check_query before a
+server that was free for server_check_delay serves again, the SET that gives it the linked
+client's session parameters (client_encoding, TimeZone, ...) and the session settings that
+follow their client (pooling/session_state.py), the reset query, connect_query. Each is a
+simple Query sent with `send_hidden_query` (or `send_parameters`) and told to the server's
+BackendLedger first (core/backend.py), so the reply reader (core/replies.py) swallows its
+replies and says, at its ReadyForQuery, how it went.
+
+At a link (`prepare_for`) the client's requests wait for the check's and the SET's replies:
+`hidden_outcome` tells the pooler (pooler/linking.py) `parameters_applied`, `check_failed`
+or `parameters_failed`. A SET that fails must not let the client's transaction run under
+settings it did not ask for.
+
+The bookkeeping lives in the BackendLedger and on the ServerConnection (`setting_for`);
+this module sends and settles. It never links or releases a server itself.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..core import backend as backend_ledger
+from ..core.backend import HIDDEN_CHECK, HIDDEN_PLAIN
+from ..pooling.params import covers, set_statements
+from ..pooling.session_state import SESSION_SETTINGS
+from ..protocol import messages as m
+
+if TYPE_CHECKING:
+    from .client import ClientConnection
+    from .server import ServerConnection
+
+
+def send_hidden_query(server: ServerConnection, sql: str, purpose: int = HIDDEN_PLAIN) -> None:
+    """Send a query whose replies the client must not see (core/backend.py)."""
+    server.backend.query(purpose)
+    server.send(m.query(sql), True)
+
+
+def prepare_for(server: ServerConnection, client: ClientConnection, check_query: str,
+                session_sql: bytes = b"") -> None:
+    """What must succeed before `client`'s requests may go: `check_query` (if any),
+    then a SET of the parameters whose values differ from the client's, and
+    `session_sql`, which gives this server the client's other settings. The pooler is
+    told how it went (parameters_applied, check_failed, parameters_failed)."""
+    server.setting_for = client
+    if check_query:
+        send_hidden_query(server, check_query, HIDDEN_CHECK)
+    if session_sql or not covers(server.params, client.params):
+        send_parameters(server, client, session_sql)
+
+
+def send_parameters(server: ServerConnection, client: ClientConnection,
+                    session_sql: bytes = b"") -> None:
+    """SET the parameters whose values differ from the linked `client`'s. Its requests
+    wait for the reply (pooler.parameters_applied): if the SET fails, they must not run
+    under the wrong client_encoding or TimeZone.
+
+    PostgreSQL sends a ParameterStatus only when a value changes: a SET of another
+    spelling of the current value (client_encoding 'utf-8' for UTF8, DateStyle ISO for
+    "ISO, MDY") changes nothing and says nothing. So once the SET has succeeded, the
+    client's values become the server's, whichever way it went; else the next link would
+    send the same SET again."""
+    wanted = client.params
+    params = server.params
+    names = [name for name, value in wanted.items() if params.get(name) != value]
+    server.setting_for = client
+    sql = set_statements(wanted, params).encode()
+    if session_sql:
+        names.append(SESSION_SETTINGS)  # so the SET is judged even with no name above
+        # The other client's settings undone and this one's made, then the tracked ones.
+        sql = b"; ".join([part for part in (session_sql, sql) if part])
+    server.backend.parameters(names)
+    server.send(m.message(m.QUERY, sql + b"\x00"), True)
+
+
+def hidden_outcome(server: ServerConnection, outcome: int) -> None:
+    """A pooler-issued query settled (core/backend.py says how)."""
+    client = server.setting_for
+    backend = server.backend
+    pooler = server.pooler
+    if outcome == backend_ledger.CHECK_FAILED:
+        server.setting_for = None
+        pooler.check_failed(server, client, backend.last_error.get("M", ""))
+        return
+    server.setting_for = None
+    if client is None or client is not server.client:
+        return  # it left meanwhile
+    if outcome == backend_ledger.SET_FAILED:
+        pooler.parameters_failed(server, client, backend.last_error)
+        return
+    params = server.params
+    for name in backend.applied:
+        if name in params:
+            client.params_seen(name, params[name])
+    pooler.parameters_applied(server, client)

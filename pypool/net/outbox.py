@@ -1,0 +1,115 @@
+"""A client's outbox: what it sends while it has no server, and its rewriting at the link.
+
+In transaction mode a client is linked to a server only once it sends something that needs
+one, so the first messages of every transaction arrive with no server to go to. `keep`
+holds them, whole and already counted by the client's FrontendLedger (core/ledger.py), in
+the client's `outbox` and asks the pooler for a server; `take_outbox` hands them to the
+server the client is linked to, rewritten for that server's prepared statements
+(core/frontend.py `rewrite_whole`). A driver segment the request reader marked
+(`segment_end`) is not looked at again to find its Bind.
+
+The rewriting may have to wait for a reply (a WAIT: the statement is being prepared on the
+server, or the link's check and SET are still to be answered). `resume_rewriting` carries
+on with what was held then, and `carry_on` with what the client sent meanwhile.
+
+Flow control: a client waiting for a server with more than OUTBOX_HIGH_WATER bytes kept has
+its reads paused until the outbox is taken, as a full socket buffer would stop it.
+
+The outbox lives on the ClientConnection (plain attributes, no object of its own); this
+module owns what is done with it. It never decides a link or a release.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from ..core.states import ClientState
+
+if TYPE_CHECKING:
+    from ..pooling.prepared import ServerStatements
+    from .client import ClientConnection
+    from .server import ServerConnection
+
+# What a client without a server may have sent before its reads are paused (bytes).
+OUTBOX_HIGH_WATER: Final = 1 << 20
+
+
+def keep(client: ClientConnection, data: bytes) -> None:
+    """Keep `data` until the client has a server; ask for one if it is not waiting yet."""
+    client.outbox.append(data)
+    client.outbox_size += len(data)
+    if client.outbox_size > OUTBOX_HIGH_WATER:
+        # Waiting for a server with this much to send: stop reading until linked, as a
+        # socket buffer would fill.
+        client.pause_reading()
+    if client.state is ClientState.IDLE:
+        client.pooler.request_server(client)
+
+
+def take_outbox(client: ClientConnection, server: ServerConnection | None = None) -> bytes:
+    """What the client sent while it had no server, for `server` that it is linked to
+    now (rewritten for it when prepared statements are)."""
+    outbox = client.outbox
+    segment, bind_end = client.outbox_segment
+    client.outbox_segment = (b"", 0)
+    if client.outbox_size > OUTBOX_HIGH_WATER and client._reading_paused and (
+        server is None or not server.writing_paused
+    ):
+        client.resume_reading()
+    client.outbox_size = 0
+    if len(outbox) == 1:
+        data = outbox[0]
+        if data is not segment:
+            bind_end = 0
+    else:
+        data = b"".join(outbox)
+        bind_end = 0
+    outbox.clear()
+    if client.statements is None or server is None:
+        return data
+    st = server.statements
+    sql = st.attach(client.statements)  # b"" unless it has SQL-level statements
+    data = rewrite_whole(client, st, data, bind_end)
+    return sql + data if sql else data
+
+
+def rewrite_whole(client: ClientConnection, st: ServerStatements, data: bytes,
+                  bind_end: int = 0) -> bytes:
+    """Rewrite whole, already counted messages (core/frontend.py). A malformed one:
+    what came before it is sent, then the client dropped (not from here: this may run
+    inside the server's relay)."""
+    reader = client.reader
+    out = reader.rewrite_whole(st, data, bind_end)
+    if reader.error is not None:
+        exc, reader.error = reader.error, None
+        client.pooler.loop.call_soon(client.fail, exc)
+    return out
+
+
+def resume_rewriting(client: ClientConnection) -> None:
+    """The reply a WAIT depended on has come (or the server was released): carry on
+    with what the client sent meanwhile."""
+    reader = client.reader
+    if not reader.blocked:
+        return
+    reader.blocked = False
+    server = client.server
+    if server is not None:
+        server.statements.blocked = False
+    held, reader.held = reader.held, b""
+    if held:
+        if server is not None:
+            out = rewrite_whole(client, server.statements, held)
+            if out:
+                server.send(out)
+            if reader.blocked:
+                return
+        else:
+            client.forward(held)
+    carry_on(client)
+
+
+def carry_on(client: ClientConnection) -> None:
+    """Relay what the client sent while it had to wait (login, a WAIT, a SET)."""
+    if client.reader.partial:
+        client.relay(client.reader.take_partial())
