@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ..auth.channel_binding import tls_server_end_point
 from ..core.client_login import StartupTls
 from ..settings import TLS_VERSIONS, PoolerSettings, SettingsError
+from .tls_group import negotiated_group
 
 if TYPE_CHECKING:
     from .client import ClientConnection
@@ -420,15 +421,16 @@ def _reason(exc: BaseException) -> str:
 
 
 def connection_info(transport: asyncio.BaseTransport | None, curve: str = "") -> str:
-    """PgBouncer's `tls` column: `TLSv1.3/TLS_AES_256_GCM_SHA384/ECDH=prime256v1`; "" for
-    plaintext. The ECDH part only when the curve is known: Python's ssl does not say which
-    group a handshake used, so it is shown when client_tls_ecdhcurve allows just one."""
+    """PgBouncer's `tls` column: `TLSv1.3/TLS_AES_256_GCM_SHA384/ECDH=X25519`; "" for
+    plaintext. The group comes from OpenSSL (net/tls_group.py), else from
+    client_tls_ecdhcurve when it allows just one; with neither, there is no ECDH part."""
     ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
     if ssl_object is None:
         return ""
     cipher = ssl_object.cipher()
     info = f"{ssl_object.version()}/{cipher[0] if cipher else ''}"
-    return f"{info}/ECDH={curve}" if curve else info
+    group = negotiated_group(ssl_object) or curve
+    return f"{info}/ECDH={group}" if group else info
 
 
 def alpn_protocol(transport: asyncio.BaseTransport | None) -> str | None:

@@ -65,7 +65,7 @@ def my_client_row(p: Pooler, application_name: str) -> dict[str, Any]:
 
 __all__ = ["certs", "node_pg"]  # the fixtures (certs is shared with test_tls_server.py)
 
-TLS_INFO = re.compile(r"^TLSv1\.[23]/[A-Z0-9_-]+$")
+TLS_INFO = re.compile(r"^TLSv1\.[23]/[A-Z0-9_-]+/ECDH=[A-Za-z0-9_-]+$")  # PgBouncer's form
 
 
 # --- sslmode, each as libpq asks ------------------------------------------------------------

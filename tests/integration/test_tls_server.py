@@ -26,7 +26,7 @@ from .tls_ca import Certificates, certs
 pytestmark = pytest.mark.timeout(60)
 __all__ = ["certs"]
 
-TLS_INFO = re.compile(r"^TLSv1\.[23]/[A-Z0-9_-]+$")
+TLS_INFO = re.compile(r"^TLSv1\.[23]/[A-Z0-9_-]+/ECDH=[A-Za-z0-9_-]+$")  # PgBouncer's form
 
 
 @pytest.fixture(scope="module")
