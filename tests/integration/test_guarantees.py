@@ -24,6 +24,7 @@ from tests.admin.console_client import console, row, show
 from tests.conftest import ADMIN_PASSWORD, ADMIN_USER, APP_USER
 from tests.integration.app_client import assert_pooler_error, connect
 from tests.integration.polling import settle, wait_for
+from tests.integration.tcp_pipe import pipe
 
 pytestmark = pytest.mark.timeout(40)
 
@@ -126,14 +127,10 @@ class CancelHoldingProxy:
 
     async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         try:
-            while data := await src.read(65536):
-                dst.write(data)
-                await dst.drain()
-        except OSError:
-            pass
+            # PostgreSQL closing a cancel connection closes the pooler's too.
+            await pipe(src, dst)
         finally:
             self._writers.discard(dst)
-            dst.close()  # PostgreSQL closing a cancel connection closes the pooler's too
 
     def cut(self) -> None:
         async def cut() -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from pypool.protocol import messages as m
 from tests.integration.app_client import connect
+from tests.integration.tcp_pipe import pipe
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -49,21 +50,11 @@ class StartingUpServer:
                 return
             up_reader, up_writer = await asyncio.open_connection(*self.target)
             up_writer.write(head)
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
             writer.close()
-
-    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        try:
-            while data := await src.read(65536):
-                dst.write(data)
-                await dst.drain()
-        except OSError:
-            pass
-        finally:
-            dst.close()
 
     def close(self) -> None:
         async def shut() -> None:
