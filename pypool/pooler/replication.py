@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
 from ..net.replication_pipe import CLIENT, ReplicationPipe
+from ..net.socket_options import widen_for_streaming
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol import replication as rep
@@ -216,6 +217,9 @@ def server_logged_in(pooler: Pooler, server: ServerConnection) -> None:
     pipe = ReplicationPipe(client, server, pool.stats,
                            lambda joined, side, exc: _pipe_lost(pooler, joined, side))
     state.pipes[client] = state.pipes[server] = pipe
+    for transport in (client.transport, server.transport):
+        if transport is not None:
+            widen_for_streaming(transport.get_extra_info("socket"), pooler.settings.pooler)
     pipe.start(held)
     # The login list no longer holds it: ordinary clients queued meanwhile may need a
     # server of their own now (Pool.servers_wanted counts logins as coming their way).

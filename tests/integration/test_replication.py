@@ -76,14 +76,14 @@ def tool(postgres: EmbeddedPostgres, name: str) -> str:
     return postgres.tool(name)
 
 
-def with_replication_database(pooler: PoolerFactory, postgres: EmbeddedPostgres,
-                              **entries: str) -> Any:
+def with_replication_database(pooler: PoolerFactory, postgres: EmbeddedPostgres) -> Any:
     """A pooler whose [databases] has `replication`: the name pg_basebackup and
-    pg_receivewal log into (libpq sends database=replication for physical replication)."""
+    pg_receivewal log into (libpq sends database=replication for physical replication).
+    Its sockets get tiny buffers (tcp_socket_buffer = 4096, as PgBouncer's own suite sets):
+    a replication stream must still flow at full speed through them."""
     server = f"host={postgres.host} port={postgres.port}"
     databases = {"app": f"{server} dbname=app", "replication": f"{server} dbname=replication"}
-    databases.update({name: f"{server} {value}" for name, value in entries.items()})
-    return pooler(databases=databases)
+    return pooler(ini_overrides={"tcp_socket_buffer": "4096"}, databases=databases)
 
 
 @contextmanager
@@ -170,11 +170,13 @@ def test_pg_basebackup_through_the_pooler(
     p = with_replication_database(pooler, postgres)
     target = tmp_path / "base"
     # -X stream: a second replication connection streams WAL beside the backup's.
+    started = time.monotonic()
     done = subprocess.run([tool(postgres, "pg_basebackup"), "--dbname",
                            p.dsn("postgres", ADMIN_USER, ADMIN_PASSWORD),
                            "--pgdata", str(target), "--checkpoint=fast", "-X", "stream",
                            "--no-sync"], capture_output=True, timeout=50)
     assert done.returncode == 0, done.stderr.decode()
+    assert time.monotonic() - started < 30  # tens of MB: seconds, not a delayed-ACK crawl
     assert (target / "PG_VERSION").exists()
     assert (target / "backup_label").exists()
 
