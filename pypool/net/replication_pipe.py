@@ -121,6 +121,14 @@ class ReplicationPipe:
 
     def close(self) -> None:
         """Close both sides (what was written to each still goes out first)."""
-        for end in (self.client_end, self.server_end):
-            if end is not None and not end.lost:
-                end.own.close()
+        self.close_server()
+        end = self.client_end
+        if end is not None and not end.lost:
+            end.own.close()
+
+    def close_server(self) -> None:
+        """Close the server's side only: the client's is its caller's to close, after the
+        error it may still write there (a KILL's)."""
+        end = self.server_end
+        if end is not None and not end.lost:
+            end.own.close()

@@ -116,10 +116,15 @@ def launch(pooler: Pooler, pool: Pool) -> None:
         if client.state is ClientState.WELCOME:
             pool.stats.count_error("query_wait_timeout")
             client.fail(PoolerError("query_wait_timeout"))
+    if pooler.shutting_down == "SIGINT":  # as the pool's other queued clients
+        while queue:
+            client = queue.popleft()
+            if client.state is ClientState.WELCOME:
+                client.fail(PoolerError("server shutting down", errors.ADMIN_SHUTDOWN))
     if not queue:
-        del state.queues[pool]
+        state.queues.pop(pool, None)
         return
-    if pool.paused or pooler.shutting_down:
+    if pool.paused or pooler.shutting_down == "now":
         return
     entry = pooler.settings.database(pool.database) or pooler.retired.get(pool.database)
     if entry is None:
@@ -283,7 +288,7 @@ def client_closed(pooler: Pooler, client: ClientConnection) -> None:
     client.server = None
     server.link(None)
     server.close_reason = server.close_reason or CLIENT_GONE
-    pipe.close()
+    pipe.close_server()  # the client's transport is closed by whoever closes the client
 
 
 def server_closed(pooler: Pooler, server: ServerConnection, reason: str) -> None:

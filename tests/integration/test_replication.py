@@ -285,3 +285,53 @@ def test_invalid_replication_value_is_refused(pooler: PoolerFactory) -> None:
     p = pooler()
     with pytest.raises(psycopg.OperationalError, match='invalid value for parameter "replication"'):
         replication(p.dsn("app", ADMIN_USER, ADMIN_PASSWORD), "sometimes")
+
+
+def test_reconnect_and_kill_end_replication_sessions_at_once(
+        pooler: PoolerFactory, postgres: EmbeddedPostgres) -> None:
+    p = pooler()
+    dsn = p.dsn("app", ADMIN_USER, ADMIN_PASSWORD)
+    with replication(dsn, "database") as conn, console(p) as admin:
+        simple(conn, "IDENTIFY_SYSTEM")
+        admin.execute("RECONNECT app")
+        # Never released, so never replaced at a release: closed now.
+        assert wait_for(lambda: walsenders(postgres) == 0, 5)
+        with pytest.raises(psycopg.OperationalError):
+            simple(conn, "IDENTIFY_SYSTEM")
+    with replication(dsn, "database") as conn, console(p) as admin:
+        simple(conn, "IDENTIFY_SYSTEM")
+        admin.execute("KILL app")
+        assert wait_for(lambda: walsenders(postgres) == 0, 5)
+        with pytest.raises(psycopg.OperationalError):
+            simple(conn, "IDENTIFY_SYSTEM")
+        admin.execute("RESUME app")
+    with replication(dsn, "database") as conn:
+        assert len(simple(conn, "IDENTIFY_SYSTEM")) == 1
+    assert "Traceback" not in p.log(), p.log()
+    assert "closing because: database configuration changed" in p.log()
+
+
+def test_replication_client_waits_for_a_busy_pool(
+        pooler: PoolerFactory, postgres: EmbeddedPostgres) -> None:
+    server = f"host={postgres.host} port={postgres.port}"
+    p = pooler(databases={"app": f"{server} dbname=app pool_size=1"})
+    dsn = p.dsn("app", ADMIN_USER, ADMIN_PASSWORD)
+    with connect(dsn) as plain:
+        plain.execute("BEGIN")
+        plain.execute("SELECT 1")  # holds the pool's one server
+        got: list[float] = []
+
+        def replicate() -> None:
+            with replication(dsn, "database") as conn:
+                simple(conn, "IDENTIFY_SYSTEM")
+                got.append(time.monotonic())
+
+        waiter = threading.Thread(target=replicate)
+        waiter.start()
+        time.sleep(1.0)
+        assert not got and walsenders(postgres) == 0  # no room: it waits
+        released = time.monotonic()
+        plain.execute("COMMIT")
+        waiter.join(10)
+    assert got and got[0] - released < 3  # the freed server was evicted for it
+    assert "closing because: replication client disconnected" in p.log()
