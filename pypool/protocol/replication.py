@@ -30,13 +30,13 @@ LOGICAL: Final = "logical"
 _SERVER_VALUE: Final = {PHYSICAL: "true", LOGICAL: "database"}
 
 # PostgreSQL's parse_bool: these words, and any prefix of them that names one (so "o" is
-# neither, "of" is off).
+# neither, "of" is off), in any case.
 _TRUE_WORDS: Final = ("true", "yes")
 _FALSE_WORDS: Final = ("false", "no")
 
 
 def _boolean(text: str) -> bool | None:
-    value = text.strip().lower()
+    value = text.lower()  # PostgreSQL's parse_bool: any case, no blanks
     if not value:
         return None
     if value in ("on", "1"):
@@ -56,7 +56,7 @@ def kind(params: Mapping[str, str]) -> str:
     value = params.get("replication")
     if value is None:
         return NONE
-    if value.strip().lower() == "database":
+    if value == "database":  # exactly so: PostgreSQL compares it case-sensitively
         return LOGICAL
     flag = _boolean(value)
     if flag is None:
