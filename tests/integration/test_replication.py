@@ -31,6 +31,7 @@ from tests.admin.console_client import console
 from tests.conftest import ADMIN_PASSWORD, ADMIN_USER, PoolerFactory
 from tests.integration.app_client import connect
 from tests.integration.polling import wait_for
+from tests.integration.tls_ca import Certificates, certs  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -335,3 +336,22 @@ def test_replication_client_waits_for_a_busy_pool(
         waiter.join(10)
     assert got and got[0] - released < 3  # the freed server was evicted for it
     assert "closing because: replication client disconnected" in p.log()
+
+
+def test_pg_basebackup_over_client_tls(
+        pooler: PoolerFactory, postgres: EmbeddedPostgres, tmp_path: Path,
+        certs: Certificates) -> None:  # noqa: F811 - the fixture
+    server = f"host={postgres.host} port={postgres.port}"
+    p = pooler(ini_overrides={"client_tls_sslmode": "require",
+                              "client_tls_cert_file": str(certs.server.cert),
+                              "client_tls_key_file": str(certs.server.key)},
+               databases={"replication": f"{server} dbname=replication"})
+    target = tmp_path / "base"
+    dsn = (f"host=localhost port={p.port} user={ADMIN_USER} password={ADMIN_PASSWORD}"
+           f" sslmode=verify-full sslrootcert={certs.ca.root}")
+    done = subprocess.run([tool(postgres, "pg_basebackup"), "--dbname", dsn,
+                           "--pgdata", str(target), "--checkpoint=fast", "-X", "stream",
+                           "--no-sync"], capture_output=True, timeout=50)
+    assert done.returncode == 0, done.stderr.decode()
+    assert (target / "PG_VERSION").exists()
+    assert "replication=yes" in p.log() and "tls=TLSv1.3/" in p.log()
