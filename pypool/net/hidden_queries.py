@@ -93,5 +93,5 @@ def hidden_outcome(server: ServerConnection, outcome: int) -> None:
     params = server.params
     for name in backend.applied:
         if name in params:
-            client.params_seen(name, params[name])
+            client.params[name] = params[name]  # the client sees it changed
     pooler.parameters_applied(server, client)
