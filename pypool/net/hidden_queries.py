@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from ..core import backend as backend_ledger
 from ..core.backend import HIDDEN_CHECK, HIDDEN_PLAIN
-from ..pooling.params import covers, quote_literal, set_statements
+from ..pooling.params import covers, set_statements
 from ..pooling.session_state import SESSION_SETTINGS
 from ..protocol import messages as m
 
@@ -78,8 +78,8 @@ def send_parameters(server: ServerConnection, client: ClientConnection,
     if log.isEnabledFor(logging.DEBUG):  # in PgBouncer's words, for whoever greps them
         for name in names:
             if name in wanted:
-                log.debug("%r: varcache_apply: SET %s=%s", server, name,
-                          quote_literal(wanted[name]))
+                log.debug("%r: varcache_apply: SET %s='%s'", server, name,
+                          wanted[name].replace("'", "''"))
     server.send(m.message(m.QUERY, sql + b"\x00"), True)
 
 
