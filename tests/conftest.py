@@ -350,3 +350,7 @@ def pooler(postgres: EmbeddedPostgres, tmp_path: Path) -> Iterator[PoolerFactory
 
     for p in started:
         p.stop()
+    for p in started:
+        # Whatever a test did, the client's ledger and the server's statement queue must
+        # never have disagreed (pooler/transactions.py logs it when they do).
+        assert "disagree (" not in p.log(), f"--- {p.log_path} ---\n{p.log()}"

@@ -45,6 +45,7 @@ IN_TRANSACTION: Final = 3  # inside a transaction block: keep the link
 CLOSE_DOUBT: Final = 4  # the reply count may be wrong: close the server
 CLOSE_OPEN: Final = 5  # a transaction is open where none may be: close (rolls back)
 STATEMENT_REFUSED: Final = 6  # statement mode: a transaction block was opened: fail it
+CLOSE_DISAGREE: Final = 7  # the ledger owes nothing, the statement queue still waits: close
 
 
 class BackendLedger:
@@ -107,13 +108,19 @@ class BackendLedger:
 
 
 def after_ready(ledger: FrontendLedger, status: int, mode: str, client_gone: bool,
-                chained: bool) -> int:
+                chained: bool, queued: int = 0) -> int:
     """What a ReadyForQuery with `status`, forwarded to a client, means for its server.
-    `chained`: other clients are queued on the server behind it (net/pipeline.py)."""
+    `chained`: other clients are queued on the server behind it (net/pipeline.py).
+    `queued`: the requests still in the server's prepared-statement queue. The ledger and
+    that queue are fed from the same messages (core/frontend.py counts a request in both or
+    neither; `FrontendLedger.copy_started` strikes from both); should they ever disagree when
+    the ledger is owed nothing, the server is closed, never handed on with replies to come."""
     if not ledger.ready():
         return OWED
     if ledger.doubtful:
         return CLOSE_DOUBT
+    if queued and not chained:
+        return CLOSE_DISAGREE
     if status == m.TX_IDLE:
         return SESSION_XACT if mode == "session" else RELEASE
     if client_gone or chained:

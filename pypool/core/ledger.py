@@ -36,9 +36,12 @@ the caller releases the server only then, on a ReadyForQuery with status `I`.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ..protocol import messages as m
+
+if TYPE_CHECKING:
+    from ..pooling.prepared.request_queue import RequestQueue
 
 # What a frontend message means for the ledger, by type byte (ACTION[kind]; 0: not allowed
 # after the startup).
@@ -137,10 +140,15 @@ class FrontendLedger:
 
     # --- what the server answers ------------------------------------------------------------
 
-    def copy_started(self, kind: int) -> int:
-        """CopyInResponse, CopyOutResponse or CopyBothResponse from the server. Returns how
-        many of the client's Syncs the server will ignore (struck from `owed`), for the
-        prepared-statement queue to strike too."""
+    def copy_started(self, kind: int, queue: RequestQueue) -> None:
+        """CopyInResponse, CopyOutResponse or CopyBothResponse from the server. The Syncs the
+        server will ignore are struck here and from the server's prepared-statement `queue`
+        in the same step, so the two never count different requests."""
+        struck = self._copy_started(kind)
+        if struck:
+            queue.ignored_syncs(struck)
+
+    def _copy_started(self, kind: int) -> int:
         owed = self.owed
         head = -1
         for entry in owed:

@@ -147,9 +147,7 @@ class ReplyReader:
                     self._parameter_status(body)
                 else:
                     if kind in _COPY_RESPONSES and frontend is not None:
-                        struck = frontend.copy_started(kind)
-                        if struck:
-                            st.ignored_syncs(struck)
+                        frontend.copy_started(kind, st)
                     body = b""
                 verdict = st.reply(kind, body)
                 if verdict or st.to_client:
@@ -223,9 +221,7 @@ class ReplyReader:
                     st.command_tag(data[pos + 5 : end])
             elif kind in _COPY_RESPONSES:
                 if frontend is not None:
-                    struck = frontend.copy_started(kind)
-                    if struck:
-                        st.ignored_syncs(struck)
+                    frontend.copy_started(kind, st)
                 if end > n:
                     self._skip = end - n
                     pos = n

@@ -13,104 +13,39 @@ reader returns to the linked server, or keeps it in its outbox until one is assi
 pooler/transactions.py: the server goes back to the pool only on ReadyForQuery 'I' with the
 ledger owed nothing.
 
-It owns the socket, the client's state and its flow control; what a transaction means for
-the server is decided elsewhere.
+It owns the socket, the client's state and its flow control; its fields are said in
+net/client_record.py, and what a transaction means for the server is decided elsewhere.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from typing import TYPE_CHECKING
 
-from ..core.frontend import RequestReader
 from ..core.states import ClientState, client_transition
-from ..pooling import prepared
-from ..pooling import session_state as ss
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..protocol.framing import FramingError
-from . import outbox
+from . import outbox, pipeline
 from .client_login import ClientLogin
-from .flow_control import ReadingSwitch
-from .socket_ids import socket_ids as _ids  # shared with the other side
-from .socket_options import tune_tcp
-from .unix_socket import peer_uid
+from .client_record import ClientRecord
 
 if TYPE_CHECKING:
     from ..pooler import Pooler
-    from ..pooling.pool import Pool
-    from .hooks import ConsoleSession, TransactionLog, WireTrace
-    from .server import ServerConnection
 
 log = logging.getLogger("pypool.client")
 
 
-class ClientConnection(ReadingSwitch, asyncio.Protocol):
+class ClientConnection(ClientRecord, asyncio.Protocol):
     """A client of the pooler, from its first byte to its Terminate."""
 
     def __init__(self, pooler: Pooler) -> None:
-        self.id = next(_ids)
-        self.pooler = pooler
-        self.state = ClientState.STARTUP
+        ClientRecord.__init__(self, pooler)  # its fields, said once (net/client_record.py)
         self.transport: asyncio.Transport | None = None
-        self.peer = ("", 0)  # ("unix", listen_port) on the unix socket, as PgBouncer shows it
-        # On the unix socket: the peer process's uid (SO_PEERCRED), for `auth_type = peer` and
-        # the console's `pgbouncer` login; None over TCP.
-        self.peer_uid: int | None = None
-        # Logged into the console as user `pgbouncer` by the pooler's own OS user over the
-        # unix socket (PgBouncer's own_user): an admin without a password.
-        self.own_user = False
-        self.user = ""
-        self.database = ""
-        self.pool: Pool | None = None
-        self.server: ServerConnection | None = None
-        self.admin: ConsoleSession | None = None  # set when connected to the console
-        # Tracked session parameters as this client should see them.
-        self.params: dict[str, str] = {}
-        self.startup_params: dict[str, str] = {}
-        self.cancel_key = (0, 0)
-        now = pooler.now()
-        self.connect_time = now
-        self.state_since = now  # when the current state (IDLE, WAITING, ...) began
-        self.wait_start = 0.0
-        self.link_time = 0.0
-        self.query_start = 0.0
-        self.xact_start = 0.0  # when its current transaction began (transaction_timeout)
-        self.wait_notified = False  # query_wait_notify's NOTICE sent for this wait
-        self.check_failures = 0  # servers in a row that failed server_check_query for it
-        self.tx_status = m.TX_IDLE
-        # The transaction log (observe/txlog.py), fed each read; None with the log off.
-        self.txlog: TransactionLog | None = pooler.txlog
-        # The protocol trace (observe/trace.py) when this client is traced; else None.
-        self.trace: WireTrace | None = pooler.trace_all
-        # What the client sends after login: framed, counted by its ledger and rewritten
-        # for prepared statements (core/frontend.py).
-        self.reader = RequestReader(pooler.settings.pooler.max_packet_size)
-        self.ledger = self.reader.ledger
-        self.writing_paused = False  # our socket is above its high-water mark
-        self.close_after_release = False
-        # What it sent while it had no server (net/outbox.py), its size, and the driver
-        # segment in it with the end of its Bind (see relay's fast path).
-        self.outbox: list[bytes] = []
-        self.outbox_size = 0
-        self.outbox_segment: tuple[bytes, int] = (b"", 0)
-        # Prepared-statement rewriting (None when off: session mode, max_prepared_statements
-        # = 0, the admin console).
-        self.statements: prepared.ClientStatements | None = None
-        # The session state that follows or pins it (transaction mode, session_state =
-        # follow; pooling/session_state.py); None when it is not looked at.
-        self.session: ss.ClientSession | None = None
-        # The login, to its ReadyForQuery (net/client_login.py), and TLS's line of SHOW
-        # CLIENTS ("" in plaintext).
-        self.login = ClientLogin(self)
-        self.tls_info = ""
+        self.login = ClientLogin(self)  # to its ReadyForQuery (net/client_login.py)
         self._reading_paused = False
-
-    def __repr__(self) -> str:
-        return f"C-{self.id}:{self.database}/{self.user}@{self.peer[0]}:{self.peer[1]}"
 
     def on(self, event: int, now: float = 0.0) -> None:
         """Move to the state the table (core/states.py) gives for `event` (at `now`, when
@@ -122,19 +57,7 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
-        peer = transport.get_extra_info("peername")
-        if isinstance(peer, tuple):
-            self.peer = (str(peer[0]), int(peer[1]))
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            tune_tcp(sock, self.pooler.settings.pooler)  # TCP_NODELAY and the tcp_* keys
-        elif sock is not None and sock.family == socket.AF_UNIX:
-            self.peer = ("unix", self.pooler.settings.pooler.listen_port)
-            try:
-                self.peer_uid = peer_uid(sock)
-            except OSError as exc:
-                log.warning("%r: unix peer uid failed: %s", self, exc)
-        self.login.connected(over_unix_socket=self.peer[0] == "unix")
+        self.login.connected(transport)  # who it is (its address, its uid), then its startup
         self.pooler.client_connected(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -235,27 +158,15 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
                 self.outbox_segment = (out, reader.segment_end)
             self.forward(out)
             if st is not None and server is not None:
-                self._sent(server, st)
-        elif st is not None and st.tracking == 2 and server is not None:
-            if server.client is self and server.at_message_boundary():
-                self.write(st.emit_synthetic())
+                pipeline.sent(self, server, st)  # waiting clients may queue behind it
+        if st is not None and st.tracking == 2 and server is not None and (
+                server.client is self and server.at_message_boundary()):
+            self.write(st.emit_synthetic())  # replies the pooler makes, in their turn
         if reader.terminated:
             self.close("client sent Terminate")
         elif reader.error is not None:
             exc, reader.error = reader.error, None
             raise exc
-
-    def _sent(self, server: ServerConnection, st: prepared.ServerStatements) -> None:
-        """After the client's messages went to its server: let waiting clients queue behind
-        a whole transaction that ends at its Sync (net/pipeline.py); send what the pooler
-        answers itself when it is the client's turn."""
-        ledger = self.ledger
-        session = self.session
-        if (ledger.pending == 1 and not ledger.unsynced and st.last_neutral is not False
-                and (session is None or not (session.pins or session.pending))):
-            self.pooler.pipeline(server)
-        if st.tracking == 2 and server.client is self and server.at_message_boundary():
-            self.write(st.emit_synthetic())
 
     def forward(self, data: bytes) -> None:
         """To the linked server, the console, or the outbox until a server is linked."""
@@ -266,7 +177,3 @@ class ClientConnection(ReadingSwitch, asyncio.Protocol):
             self.admin.received(data)
         else:
             outbox.keep(self, data)
-
-    def params_seen(self, name: str, value: str) -> None:
-        """A ParameterStatus from the linked server: the client's setting changed."""
-        self.params[name] = value

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import socket
 import sys
 from collections.abc import Generator
 from typing import TYPE_CHECKING
@@ -30,7 +31,8 @@ from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..protocol.startup import MAX_AUTH_MESSAGE, CancelRequest
 from . import outbox, tls
-from .unix_socket import os_user_name
+from .socket_options import tune_tcp
+from .unix_socket import os_user_name, peer_uid
 
 if TYPE_CHECKING:
     from .client import ClientConnection
@@ -69,9 +71,25 @@ class ClientLogin:
         # SCRAM's AuthenticationSASLFinal, held to leave with the welcome in one write.
         self._final = b""
 
-    def connected(self, over_unix_socket: bool) -> None:
-        """The connection is up: read its startup packet as the TLS settings say."""
-        startup_tls = self.client.pooler.tls.client.startup(over_unix_socket=over_unix_socket)
+    def connected(self, transport: asyncio.BaseTransport) -> None:
+        """The connection is up: note who is at the other end (its address; over the unix
+        socket, its uid), then read its startup packet as the TLS settings say."""
+        client = self.client
+        settings = client.pooler.settings.pooler
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            client.peer = (str(peer[0]), int(peer[1]))
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            tune_tcp(sock, settings)  # TCP_NODELAY and the tcp_* keys
+        elif sock is not None and sock.family == socket.AF_UNIX:
+            client.peer = ("unix", settings.listen_port)
+            try:
+                client.peer_uid = peer_uid(sock)
+            except OSError as exc:
+                log.warning("%r: unix peer uid failed: %s", client, exc)
+        over_unix_socket = client.peer[0] == "unix"
+        startup_tls = client.pooler.tls.client.startup(over_unix_socket=over_unix_socket)
         self._startup = client_login.read_startup(startup_tls)
         next(self._startup)
 

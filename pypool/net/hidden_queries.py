@@ -19,6 +19,7 @@ this module sends and settles. It never links or releases a server itself.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from ..core import backend as backend_ledger
@@ -30,6 +31,8 @@ from ..protocol import messages as m
 if TYPE_CHECKING:
     from .client import ClientConnection
     from .server import ServerConnection
+
+log = logging.getLogger("pypool.server")
 
 
 def send_hidden_query(server: ServerConnection, sql: str, purpose: int = HIDDEN_PLAIN) -> None:
@@ -72,6 +75,11 @@ def send_parameters(server: ServerConnection, client: ClientConnection,
         # The other client's settings undone and this one's made, then the tracked ones.
         sql = b"; ".join([part for part in (session_sql, sql) if part])
     server.backend.parameters(names)
+    if log.isEnabledFor(logging.DEBUG):  # in PgBouncer's words, for whoever greps them
+        for name in names:
+            if name in wanted:
+                log.debug("%r: varcache_apply: SET %s='%s'", server, name,
+                          wanted[name].replace("'", "''"))
     server.send(m.message(m.QUERY, sql + b"\x00"), True)
 
 
@@ -93,5 +101,11 @@ def hidden_outcome(server: ServerConnection, outcome: int) -> None:
     params = server.params
     for name in backend.applied:
         if name in params:
-            client.params_seen(name, params[name])
+            value = params[name]
+            if client.params.get(name) != value:
+                # Another spelling of the same value (DateStyle ISO for "ISO, MDY"): the
+                # server's is kept, so the next link sends no SET.
+                log.debug("%r: varcache_set_canonical: setting %s to its canonical version "
+                          "%s -> %s", client, name, client.params.get(name, ""), value)
+            client.params[name] = value  # the client sees it changed
     pooler.parameters_applied(server, client)

@@ -82,6 +82,7 @@ from . import deferred_writes, outbox
 
 if TYPE_CHECKING:
     from ..pooler import Pooler
+    from ..pooling.prepared import ServerStatements
     from .client import ClientConnection
     from .server import ServerConnection
 
@@ -220,6 +221,17 @@ def guardable(client: ClientConnection) -> bool:
     kept = client.outbox
     return (ledger.pending == 1 and not ledger.unsynced and not ledger.copy
             and bool(kept) and _EXTENDED[kept[0][0]])
+
+
+def sent(client: ClientConnection, server: ServerConnection,
+         st: ServerStatements) -> None:
+    """The client's messages went to its server: if they are one whole transaction that
+    ends at its Sync, waiting clients may queue behind it (the pooler decides)."""
+    ledger = client.ledger
+    session = client.session
+    if (ledger.pending == 1 and not ledger.unsynced and st.last_neutral is not False
+            and (session is None or not (session.pins or session.pending))):
+        client.pooler.pipeline(server)
 
 
 def guarded(client: ClientConnection) -> bool:

@@ -11,97 +11,46 @@ ReadyForQuery the client gets (pooler/transactions.py: the client's ledger decid
 release), hands the settled outcome of the pooler's own queries to net/hidden_queries.py,
 and carries flow control. Writes to the server go out at once (`send`) or at the end of the
 loop's round (net/deferred_writes.py). The server is never handed on while replies are owed.
+Its fields are said in net/server_record.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from typing import TYPE_CHECKING
 
 from ..core import replies
-from ..core.server_login import ServerLoginError
 from ..core.states import ServerEvent, ServerState, server_transition
-from ..pooling import prepared
 from ..protocol import messages as m
 from . import deferred_writes, hidden_queries, outbox
-from .flow_control import ReadingSwitch
 from .server_login import ServerLogin
-from .socket_ids import socket_ids as _ids  # shared with the other side
-from .socket_options import tune_tcp
+from .server_record import ServerRecord
 
 if TYPE_CHECKING:
     from ..pooler import Pooler, ServerCredentials
     from ..pooling.pool import Pool
     from .client import ClientConnection
-    from .hooks import ServerTap, WireTrace
+    from .hooks import ServerTap
 
 log = logging.getLogger("pypool.server")
 
 
-class ServerConnection(ReadingSwitch, asyncio.Protocol):
+class ServerConnection(ServerRecord, asyncio.Protocol):
     """A server connection. The pooler owns it; a client borrows it for a transaction."""
 
     def __init__(
         self, pooler: Pooler, pool: Pool, host: str, port: int, dbname: str,
         credentials: ServerCredentials, startup_params: dict[str, str],
     ) -> None:
-        self.id = next(_ids)
-        self.pooler = pooler
-        self.pool = pool
-        self.host = host
-        self.port = port
-        self.dbname = dbname
-        self.credentials = credentials
-        self.startup_params = startup_params
-        self.state = ServerState.CONNECTING
+        # Its fields, said once (net/server_record.py).
+        ServerRecord.__init__(self, pooler, pool, host, port, dbname, credentials,
+                              startup_params)
         self.transport: asyncio.Transport | None = None
-        self.client: ClientConnection | None = None
-        self.backend_pid = 0
-        self.backend_secret = 0
         # The transaction log's reader of this server's replies; None with the log off.
         self.txlog: ServerTap | None = None if pooler.txlog is None else pooler.txlog.tap(self)
-        # The protocol trace (observe/trace.py) while a traced client is linked (or all are).
-        self.trace: WireTrace | None = pooler.trace_all
-        now = pooler.now()
-        self.connect_time = now
-        self.request_time = now  # when last linked or released
-        # CancelRequests aimed at this server's backend not yet known to have landed: while
-        # any is, the server is handed to no one (Pool.being_canceled).
-        self.cancels_in_flight = 0
-        # The client whose requests wait for the check's and SET's replies (pooler.link).
-        self.setting_for: ClientConnection | None = None
-        # Clients whose transactions are queued on this server behind the linked client's,
-        # in order (net/pipeline.py); their replies follow its ReadyForQuery.
-        self.chain: deque[ClientConnection] = deque()
-        self.open_line = False  # listed in its pool's open_lines
-        # Prepared statements on this server and the requests its replies answer.
-        self.statements = prepared.ServerStatements(
-            pooler.statement_registry, pooler.settings.pooler.max_prepared_statements,
-            pool.stats,
-        )
-        # Everything read after the login: framing, the backend ledger, the server's
-        # session parameters (core/replies.py).
-        self.reader = replies.ReplyReader(self.statements, pool.stats)
-        self.backend = self.reader.backend
-        self.params = self.reader.params
-        # The settings clients made here that follow them (pooling/session_state.py): name ->
-        # the statement that made it, None when unsure. Undone before anyone else runs here.
-        self.session_sets: dict[bytes, bytes | None] = {}
-        self.close_reason = ""
-        self.reader.name = repr(self)
-        self.local_port = 0
-        self.ready: asyncio.Future[None] = pooler.loop.create_future()
-        # The login, to its first ReadyForQuery (net/server_login.py), and TLS's line of
-        # SHOW SERVERS ("" in plaintext).
-        self.login = ServerLogin(self)
-        self.tls_info = ""
+        self.login = ServerLogin(self)  # to its first ReadyForQuery (net/server_login.py)
         self._reading_paused = False
-        self.writing_paused = False  # our socket to PostgreSQL is above its high-water mark
-        # Requests written together when this round of the event loop has read everything
-        # that was ready (net/deferred_writes.py).
-        self.deferred: list[bytes] = []
 
     # --- state ----------------------------------------------------------------------------
 
@@ -109,35 +58,17 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
         """Move to the state the table (core/states.py) gives for `event`."""
         self.state = server_transition(self.state, event)
 
-    def __repr__(self) -> str:
-        return f"S-{self.id}:{self.pool.database}/{self.pool.user}@{self.host}:{self.port}"
-
     # --- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            tune_tcp(sock, self.pooler.settings.pooler)  # TCP_NODELAY and the tcp_* keys
-            try:
-                self.local_port = sock.getsockname()[1]
-            except OSError:
-                pass
         self.on(ServerEvent.CONNECTED)
-        self.login.connected()
+        self.login.connected(transport)  # tunes the socket, then the SSLRequest or startup
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.state is ServerState.CLOSED:
-            return
-        if not self.ready.done():
-            self.ready.set_exception(
-                ServerLoginError(
-                    "server closed the connection during login",
-                    m.error_response("server closed the connection during login", "08006",
-                                     "FATAL"),
-                )
-            )
-        self.pooler.server_closed(self, self.close_reason or "server closed the connection")
+        if self.state is not ServerState.CLOSED:
+            self.login.lost()  # during the login: its waiters get the error
+            self.pooler.server_closed(self, self.close_reason or "server closed the connection")
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -177,16 +108,6 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             assert self.transport is not None
             self.transport.write(data)
 
-    @property
-    def hidden_syncs(self) -> int:
-        """Pooler-issued queries still to be answered."""
-        return len(self.backend.hidden)
-
-    @property
-    def checking(self) -> bool:
-        """server_check_query's reply is still to come."""
-        return self.backend.checking
-
     def link(self, client: ClientConnection | None) -> None:
         """Serve `client` from now on (None: nobody); its ledger and session parameters
         are what the reply reader keeps up to date."""
@@ -217,13 +138,6 @@ class ServerConnection(ReadingSwitch, asyncio.Protocol):
             self._relay(data)
         if trace is not None:
             trace.server_done(self)
-
-    def login_write(self, data: bytes) -> None:
-        """Write the login's messages (core/server_login.py)."""
-        if self.trace is not None:
-            self.trace.server_write(self, data, True)
-        assert self.transport is not None
-        self.transport.write(data)
 
     # --- the hot path: server to client (framing and judging: core/replies.py) -------------
 

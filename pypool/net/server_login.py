@@ -21,6 +21,7 @@ from ..core.server_login import LoggedIn, ServerLoginError
 from ..core.states import ServerState
 from ..protocol import messages as m
 from . import tls
+from .socket_options import tune_tcp
 
 if TYPE_CHECKING:
     from .server import ServerConnection
@@ -34,9 +35,17 @@ class ServerLogin:
         self._login: Generator[bytes, bytes, LoggedIn] | None = None
         self._awaiting_tls_answer = False  # the SSLRequest's 'S' or 'N' is still to come
 
-    def connected(self) -> None:
-        """The TCP connection is up: the SSLRequest, or the StartupMessage."""
+    def connected(self, transport: asyncio.BaseTransport) -> None:
+        """The TCP connection is up: tune its socket, then the SSLRequest or the
+        StartupMessage."""
         server = self.server
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            tune_tcp(sock, server.pooler.settings.pooler)  # TCP_NODELAY and the tcp_* keys
+            try:
+                server.local_port = sock.getsockname()[1]
+            except OSError:
+                pass
         if server.pooler.tls.server.context is not None:
             self._awaiting_tls_answer = True
             assert server.transport is not None
@@ -54,7 +63,7 @@ class ServerLogin:
             server_key=verifier.server_key if verifier is not None else None,
             channel_binding=channel_binding,
         )
-        server.login_write(next(self._login))  # the StartupMessage
+        self.write(next(self._login))  # the StartupMessage
 
     def data(self, data: bytes) -> None:
         if self._awaiting_tls_answer:
@@ -65,7 +74,7 @@ class ServerLogin:
             return  # logged in but closing (pooler.server_available): nothing more to read
         server = self.server
         try:
-            done = advance(login, data, server.login_write)
+            done = advance(login, data, self.write)
         except ServerLoginError as exc:
             self._login = None
             self.failed(exc)
@@ -111,6 +120,22 @@ class ServerLogin:
     def _tls_failed(self, reason: str) -> None:
         text = f"server TLS handshake failed: {reason}"
         self.failed(ServerLoginError(text, m.error_response(text, "08006", "FATAL")))
+
+    def write(self, data: bytes) -> None:
+        """Write the login's messages (core/server_login.py)."""
+        server = self.server
+        if server.trace is not None:
+            server.trace.server_write(server, data, True)
+        assert server.transport is not None
+        server.transport.write(data)
+
+    def lost(self) -> None:
+        """The connection closed: if still logging in, whoever waits gets the error."""
+        ready = self.server.ready
+        if not ready.done():
+            text = "server closed the connection during login"
+            ready.set_exception(
+                ServerLoginError(text, m.error_response(text, "08006", "FATAL")))
 
     def failed(self, exc: ServerLoginError) -> None:
         server = self.server

@@ -34,6 +34,7 @@ from typing import Any, Final
 from ..auth.auth_file import load_auth_file
 from ..auth.md5 import is_md5_hash
 from ..auth.scram import ScramVerifier, is_scram_verifier
+from ..core.server_login import ServerLoginError
 from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
 from ..net import hidden_queries, pipeline
 from ..net.client import ClientConnection
@@ -45,7 +46,7 @@ from ..net.hooks import (
     TransactionLog,
     WireTrace,
 )
-from ..net.server import ServerConnection, ServerLoginError
+from ..net.server import ServerConnection
 from ..net.tls import Tls
 from ..net.unix_socket import UnixSocket
 from ..pooling import session_state as ss

@@ -48,13 +48,20 @@ def ready_for_query(pooler: Pooler, client: ClientConnection, status: int) -> No
     ledger = client.ledger
     verdict = backend.after_ready(ledger, status, pool.limits.pool_mode,
                                   client.state is ClientState.CLOSED,
-                                  server is not None and bool(server.chain))
+                                  server is not None and bool(server.chain),
+                                  len(server.statements.queue) if server is not None else 0)
     if verdict == backend.OWED:
         return
-    if verdict == backend.CLOSE_DOUBT:
+    if verdict == backend.CLOSE_DOUBT or verdict == backend.CLOSE_DISAGREE:
         if server is not None:
             # The count of replies owed may be wrong (core/ledger.py): never hand it on.
-            server.close("reply bookkeeping in doubt after a failed COPY")
+            if verdict == backend.CLOSE_DOUBT:
+                server.close("reply bookkeeping in doubt after a failed COPY")
+            else:
+                log.error("%r: the client's ledger and %r's statement queue disagree "
+                          "(%d requests queued): closing the server", client, server,
+                          len(server.statements.queue))
+                server.close("reply bookkeeping in doubt: ledger and queue disagree")
         return
     session = client.session
     if session is not None and server is not None and (

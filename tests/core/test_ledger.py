@@ -15,6 +15,9 @@ from hypothesis import strategies as st
 
 from pypool.core import ledger as lg
 from pypool.core.ledger import FrontendLedger
+from pypool.pooling.pool import PoolStats
+from pypool.pooling.prepared import ServerStatements
+from pypool.pooling.prepared.registry import Registry
 from pypool.protocol import messages as m
 from pypool.protocol.framing import MessageBuffer
 
@@ -52,6 +55,7 @@ class Exchange:
 
     def __init__(self) -> None:
         self.ledger = FrontendLedger()
+        self.queue = ServerStatements(Registry(), 100, PoolStats())  # empty: nothing tracked
         self.dropped: list[int] = []
         self.released = 0
 
@@ -75,7 +79,7 @@ class Exchange:
         buffer.feed(data)
         for kind, body in buffer.messages():
             if kind in (m.COPY_IN_RESPONSE, m.COPY_OUT_RESPONSE, m.COPY_BOTH_RESPONSE):
-                self.ledger.copy_started(kind)
+                self.ledger.copy_started(kind, self.queue)
             elif kind == m.ERROR_RESPONSE:
                 self.ledger.copy_failed()
             elif kind == m.READY_FOR_QUERY and self.ledger.ready() and body == b"I":
@@ -369,7 +373,7 @@ def test_a_sync_in_copy_in_is_not_answered_and_so_not_queued() -> None:
     ledger = FrontendLedger()
     ledger.request(m.QUERY)
     assert ledger.answers(m.SYNC)
-    ledger.copy_started(m.COPY_IN_RESPONSE)
+    ledger.copy_started(m.COPY_IN_RESPONSE, ServerStatements(Registry(), 100, PoolStats()))
     assert not ledger.answers(m.SYNC)
     assert ledger.answers(m.QUERY)
     pending = ledger.pending

@@ -497,3 +497,38 @@ def test_server_is_held_until_the_cancel_lands(postgres, pooler) -> None:
             assert b.execute("SELECT 11").fetchone()[0] == 11
     finally:
         proxy.close()
+
+
+def test_reconnect_closes_a_server_parked_for_its_cancel(postgres, pooler) -> None:
+    """RECONNECT while a server waits in being_canceled: when its cancel lands it is closed,
+    not put back idle, and the next query runs on a new backend."""
+    proxy = CancelHoldingProxy(postgres.host, postgres.port, hold=1.5)
+    try:
+        p = pooler(ini_overrides={"default_pool_size": "1", "query_wait_timeout": "30"},
+                   databases={"app": f"host=127.0.0.1 port={proxy.port} dbname=app"})
+        with connect(p.dsn()) as a, console(p) as admin:
+            old_pid = a.execute("SELECT pg_backend_pid()").fetchone()[0]
+            qa = Query(a, "SELECT pg_sleep(0.3), 'a' /* parked-reconnect-a */")
+            qa.start()
+            assert wait_for(lambda: running(postgres, "parked-reconnect-a") == 1, 3)
+            a.cancel_safe(timeout=5)
+            qa.join(5)
+            assert qa.error is None, qa.error
+
+            def pool() -> dict[str, Any]:
+                return row(admin, "POOLS", database="app", user=APP_USER)
+
+            assert wait_for(lambda: pool()["sv_being_canceled"] == 1, 2), pool()
+            admin.execute("RECONNECT app")
+            assert wait_for(lambda: bool(proxy.cancels_forwarded), 5), "the cancel never landed"
+            assert wait_for(lambda: pool()["sv_being_canceled"] == 0, 3), pool()
+
+            def old_backend_gone() -> bool:
+                rows = postgres.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                                        params=(old_pid,))
+                return rows is not None and rows[0][0] == 0
+
+            assert wait_for(old_backend_gone, 5), "the parked server went back to the pool"
+            assert a.execute("SELECT pg_backend_pid()").fetchone()[0] != old_pid
+    finally:
+        proxy.close()

@@ -200,3 +200,17 @@ def test_list_and_backslash_values_reach_the_server_as_sent(pooler) -> None:
             assert rows == [[name, '"$user", public, pg_catalog']]
             rows, _, _ = other.simple_query("SELECT current_setting('application_name')")
             assert rows == [[""]]
+
+
+def test_another_spelling_of_the_servers_value_is_set_once(pooler) -> None:
+    """DateStyle ISO asked for, "ISO, MDY" kept by the server: one hidden SET, then the
+    server's spelling is the client's and no second SET goes out. At debug level both are
+    logged in PgBouncer's words (varcache_apply, varcache_set_canonical)."""
+    p = pooler(ini_overrides={"verbose": "2", "default_pool_size": "1"})
+    with connect(p.dsn(), options="-c DateStyle=ISO") as conn:
+        for _ in range(3):
+            assert conn.execute("SHOW DateStyle").fetchone()[0] == "ISO, MDY"
+    log = p.log()
+    assert log.count("varcache_apply: SET DateStyle='ISO'") == 1, log
+    assert log.count("varcache_set_canonical: setting DateStyle to its canonical version "
+                     "ISO -> ISO, MDY") == 1, log

@@ -1,0 +1,84 @@
+"""What the pooler knows about one client: the fields of a client connection.
+
+PgBouncer keeps a connection's fields in one struct (objects.h) and what is done with them in
+client.c; here ClientRecord is that struct, and net/client.py the Protocol that acts. Every
+other module reads and writes these fields by name; each is said here once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..core.frontend import RequestReader
+from ..core.states import ClientState
+from ..protocol import messages as m
+from .flow_control import ReadingSwitch
+from .socket_ids import socket_ids as _ids  # shared with the other side
+
+if TYPE_CHECKING:
+    from ..pooler import Pooler
+    from ..pooling import prepared
+    from ..pooling import session_state as ss
+    from ..pooling.pool import Pool
+    from .hooks import ConsoleSession, TransactionLog, WireTrace
+    from .server import ServerConnection
+
+
+class ClientRecord(ReadingSwitch):
+    """One client's identity, link, clocks and per-transaction bookkeeping."""
+
+    def __init__(self, pooler: Pooler) -> None:
+        self.id = next(_ids)
+        self.pooler = pooler
+        self.state = ClientState.STARTUP  # core/states.py says what each state means
+        self.peer = ("", 0)  # ("unix", listen_port) on the unix socket, as PgBouncer shows it
+        # On the unix socket: the peer process's uid (SO_PEERCRED), for `auth_type = peer` and
+        # the console's `pgbouncer` login; None over TCP.
+        self.peer_uid: int | None = None
+        # Logged into the console as user `pgbouncer` by the pooler's own OS user over the
+        # unix socket (PgBouncer's own_user): an admin without a password.
+        self.own_user = False
+        self.user = ""
+        self.database = ""
+        self.pool: Pool | None = None
+        self.server: ServerConnection | None = None
+        self.admin: ConsoleSession | None = None  # set when connected to the console
+        # Tracked session parameters as this client should see them.
+        self.params: dict[str, str] = {}
+        self.startup_params: dict[str, str] = {}
+        self.cancel_key = (0, 0)
+        now = pooler.now()
+        self.connect_time = now
+        self.state_since = now  # when the current state (IDLE, WAITING, ...) began
+        self.wait_start = 0.0
+        self.link_time = 0.0
+        self.query_start = 0.0
+        self.xact_start = 0.0  # when its current transaction began (transaction_timeout)
+        self.wait_notified = False  # query_wait_notify's NOTICE sent for this wait
+        self.check_failures = 0  # servers in a row that failed server_check_query for it
+        self.tx_status = m.TX_IDLE
+        # The transaction log (observe/txlog.py), fed each read; None with the log off.
+        self.txlog: TransactionLog | None = pooler.txlog
+        # The protocol trace (observe/trace.py) when this client is traced; else None.
+        self.trace: WireTrace | None = pooler.trace_all
+        # What the client sends after login: framed, counted by its ledger and rewritten
+        # for prepared statements (core/frontend.py).
+        self.reader = RequestReader(pooler.settings.pooler.max_packet_size)
+        self.ledger = self.reader.ledger
+        self.writing_paused = False  # our socket is above its high-water mark
+        self.close_after_release = False
+        # What it sent while it had no server (net/outbox.py), its size, and the driver
+        # segment in it with the end of its Bind (see relay's fast path).
+        self.outbox: list[bytes] = []
+        self.outbox_size = 0
+        self.outbox_segment: tuple[bytes, int] = (b"", 0)
+        # Prepared-statement rewriting (None when off: session mode, max_prepared_statements
+        # = 0, the admin console).
+        self.statements: prepared.ClientStatements | None = None
+        # The session state that follows or pins it (transaction mode, session_state =
+        # follow; pooling/session_state.py); None when it is not looked at.
+        self.session: ss.ClientSession | None = None
+        self.tls_info = ""  # TLS's line of SHOW CLIENTS ("" in plaintext)
+
+    def __repr__(self) -> str:
+        return f"C-{self.id}:{self.database}/{self.user}@{self.peer[0]}:{self.peer[1]}"
