@@ -7,13 +7,14 @@ client is never handed a pooled server. Once authenticated it waits in its pool'
 replication queue (`Replication.queues`, first come first served) for room under
 pool_size and max_db_connections / max_user_connections, the limits every server of the
 pool counts against; a full pool makes room by evicting its longest-idle ordinary server
-("evicted"). Then a dedicated server is opened with the client's `replication` value, its
-session settings and its `options` in the StartupMessage (`Replication.pending` pairs the
-two during the login). Once that server has logged in, the client gets its welcome with the
-server's own ParameterStatus and a pooler-issued cancel key, the two are linked (SHOW
-CLIENTS/SERVERS, cancel) and their transports are joined byte for byte
-(net/replication_pipe.py): no reset query, no prepared-statement rewriting, no session-state
-tracking, no server_check_query, no connect_query.
+("evicted"), or the next one freed when the replication client came before the pool's
+ordinary waiters (`claim_freed`). Then a dedicated server is opened with the client's
+`replication` value, its session settings and its `options` in the StartupMessage
+(`Replication.pending` pairs the two during the login). Once that server has logged in,
+the client gets its welcome with the server's own ParameterStatus and a pooler-issued
+cancel key, the two are linked (SHOW CLIENTS/SERVERS, cancel) and their transports are
+joined byte for byte (net/replication_pipe.py): no reset query, no prepared-statement
+rewriting, no session-state tracking, no server_check_query, no connect_query.
 
 The pair ends together: the client leaving closes its server ("replication client
 disconnected"), which is never reused, and the server going closes its client. A failed
@@ -138,6 +139,24 @@ def launch(pooler: Pooler, pool: Pool) -> None:
         if client.state is ClientState.WELCOME:
             _open_for(pooler, pool, entry, client)
     state.queues.pop(pool, None)
+
+
+def claim_freed(pooler: Pooler, pool: Pool, server: ServerConnection) -> bool:
+    """A server of the pool is free while replication clients wait for room: when the oldest
+    of them came before the oldest ordinary waiter, the server is closed to make that room
+    (as PgBouncer hands no server past a replication client at the head of its queue), and
+    True. Called by linking.server_available before it hands the server on."""
+    queue = pooler.replication.queues.get(pool)
+    if not queue:
+        return False
+    first = queue[0]
+    if first.state is not ClientState.WELCOME:
+        return False  # gone: the next launch drops it
+    if pool.waiting and pool.waiting[0].wait_start < first.state_since:
+        return False
+    pooler.close_server(server, EVICTED)
+    pooler.server_closed(server, EVICTED)  # its room is taken at once (launch_servers)
+    return True
 
 
 def _room(pooler: Pooler, pool: Pool, entry: DatabaseEntry) -> bool:
