@@ -383,9 +383,19 @@ def test_pg_basebackup_over_client_tls(
     target = tmp_path / "base"
     dsn = (f"host=localhost port={p.port} user={ADMIN_USER} password={ADMIN_PASSWORD}"
            f" sslmode=verify-full sslrootcert={certs.ca.root}")
-    done = subprocess.run([tool(postgres, "pg_basebackup"), "--dbname", dsn,
-                           "--pgdata", str(target), "--checkpoint=fast", "-X", "stream",
-                           "--no-sync"], capture_output=True, timeout=50)
-    assert done.returncode == 0, done.stderr.decode()
+    proc = subprocess.Popen([tool(postgres, "pg_basebackup"), "--dbname", dsn,
+                             "--pgdata", str(target), "--checkpoint=fast", "-X", "stream",
+                             "--no-sync"], stderr=subprocess.PIPE)
+    try:
+        _, err = proc.communicate(timeout=45)
+    except subprocess.TimeoutExpired:
+        # What the walsenders were doing, for whoever reads the failure.
+        senders = postgres.execute(
+            "SELECT pid, state, wait_event, left(query, 60) FROM pg_stat_activity"
+            " WHERE backend_type = 'walsender'")
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"pg_basebackup hung; walsenders: {senders}\n{p.log()[-3000:]}")
+    assert proc.returncode == 0, err.decode()
     assert (target / "PG_VERSION").exists()
     assert "replication=yes" in p.log() and "tls=TLSv1.3/" in p.log()
