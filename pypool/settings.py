@@ -76,12 +76,11 @@ NOT_YET_IMPLEMENTED: dict[str, str] = {
 # [pgbouncer] keys that are fields (SHOW CONFIG lists them, SET takes them) but change
 # nothing in pypool, and why that is right. docs/operating.md repeats this list.
 NO_EFFECT: dict[str, str] = {
-    "server_round_robin": "idle servers are reused most recently used first, whichever way",
     "suspend_timeout": "SUSPEND waits for running transactions only (no online restart)",
     "autodb_idle_timeout": "pools of `*` databases stay until their database is removed",
     "syslog_ident": "no syslog", "syslog_facility": "no syslog",
     "sbuf_loopcnt": "asyncio schedules the reads",
-    "tcp_defer_accept": "asyncio accepts at once", "tcp_socket_buffer": "the kernel's default",
+    "tcp_defer_accept": "asyncio accepts at once",
     "dns_max_ttl": "no DNS cache: every server connection resolves its host anew",
     "dns_nxdomain_ttl": "no DNS cache", "dns_zone_check_period": "no DNS cache",
     "resolv_conf": "the system resolver is used",
@@ -653,6 +652,9 @@ def pooler_settings(items: dict[str, str], where: str | _Section) -> PoolerSetti
                 log.warning("%s: unknown key %r ignored", at, key)
         except ValueError as exc:
             raise _problem(at, key, exc) from None
+        if key in NO_EFFECT and key in values and values[key] != getattr(_DEFAULTS, key):
+            log.warning("%s: %s = %s has no effect in pypool: %s", at, key, raw.strip(),
+                        NO_EFFECT[key])
     return PoolerSettings(**values)  # type: ignore[arg-type]
 
 
