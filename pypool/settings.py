@@ -7,10 +7,11 @@ Every value, from the ini, a RELOAD or the console's SET, goes through one parse
 Errors name the file, the line and the key.
 
 An unknown key is a warning, never a crash, and PgBouncer keys that change nothing in pypool's
-place (DNS, syslog, ...) are accepted quietly. Keys whose being ignored would
-mislead the operator are refused unless set to the value that leaves them off: the few
-`NOT_YET_IMPLEMENTED` keys. The TLS keys are checked here for their syntax; whether their
-files and cipher lists make a working context is net/tls.py's to say.
+place (DNS, syslog, ...) are accepted, with a warning when set away from their default. Keys
+whose being ignored would mislead the operator are refused unless set to the value that
+leaves them off: the few `NOT_YET_IMPLEMENTED` keys. The TLS keys are checked here for their
+syntax; whether their files and cipher lists make a working context is net/tls.py's to say.
+How each kind of value is spelt (durations, booleans, connection strings) is ini_values.py's.
 """
 
 from __future__ import annotations
@@ -23,6 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from .ini_values import BOUNDS as BOUNDS
+from .ini_values import MAX_INT as MAX_INT
+from .ini_values import TLS_PROTOCOL_WORDS as TLS_PROTOCOL_WORDS
+from .ini_values import TLS_VERSIONS as TLS_VERSIONS
+from .ini_values import NotSupported as NotSupported
+from .ini_values import check_tls_protocols as check_tls_protocols
+from .ini_values import parse_bool as parse_bool
+from .ini_values import parse_connstring as parse_connstring
+from .ini_values import parse_duration as parse_duration
+from .ini_values import parse_int as parse_int
+from .ini_values import parse_list as parse_list
+from .ini_values import parse_mode as parse_mode
 from .pooling import policies
 
 log = logging.getLogger("pypool.settings")
@@ -51,19 +64,6 @@ TLS_KEYS = (
 )
 # libpq's sslmode values, weakest first (PgBouncer compares them by this order).
 SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
-# What `*_tls_protocols` may name (libtls's syntax): keywords or a list of versions.
-TLS_PROTOCOL_WORDS = ("all", "secure", "default", "legacy")
-TLS_VERSIONS = ("tlsv1.0", "tlsv1.1", "tlsv1.2", "tlsv1.3")
-
-
-def check_tls_protocols(text: str) -> None:
-    """Raise ValueError unless `text` is libtls's protocol syntax: `secure`, `all`, ... or a
-    list of versions separated by commas or colons, each may be negated with `!`."""
-    for item in re.split(r"[,:]", text.lower()):
-        word = item.strip().lstrip("!")
-        if word and word not in TLS_PROTOCOL_WORDS and word not in TLS_VERSIONS:
-            raise ValueError(f"unknown TLS protocol {item.strip()!r} (one of "
-                             f"{', '.join(TLS_PROTOCOL_WORDS + TLS_VERSIONS)})")
 
 
 # [pgbouncer] keys with a field but no effect yet, and why: only their default is accepted.
@@ -76,83 +76,18 @@ NOT_YET_IMPLEMENTED: dict[str, str] = {
 # [pgbouncer] keys that are fields (SHOW CONFIG lists them, SET takes them) but change
 # nothing in pypool, and why that is right. docs/operating.md repeats this list.
 NO_EFFECT: dict[str, str] = {
-    "server_round_robin": "idle servers are reused most recently used first, whichever way",
     "suspend_timeout": "SUSPEND waits for running transactions only (no online restart)",
     "autodb_idle_timeout": "pools of `*` databases stay until their database is removed",
     "syslog_ident": "no syslog", "syslog_facility": "no syslog",
     "sbuf_loopcnt": "asyncio schedules the reads",
-    "tcp_defer_accept": "asyncio accepts at once", "tcp_socket_buffer": "the kernel's default",
+    "tcp_defer_accept": "asyncio accepts at once",
     "dns_max_ttl": "no DNS cache: every server connection resolves its host anew",
     "dns_nxdomain_ttl": "no DNS cache", "dns_zone_check_period": "no DNS cache",
     "resolv_conf": "the system resolver is used",
 }
 
-MAX_INT = 2147483647  # PgBouncer keeps integer settings in a C int
-# Inclusive bounds of numeric keys, in [pgbouncer], [databases] and [users] alike. Any other
-# integer must be in 0..MAX_INT, and every time >= 0 (parse_duration has no sign).
-BOUNDS: dict[str, tuple[int, int]] = {
-    "listen_port": (1, 65535),
-    "port": (1, 65535),
-    "metrics_port": (0, 65535),
-    "max_client_conn": (1, MAX_INT),
-    "scram_iterations": (1, MAX_INT),
-    "workers": (1, 256),  # a cancel key has one byte for the worker (protocol/cancel_key.py)
-    "max_packet_size": (1024, MAX_INT),
-    "pkt_buf": (512, MAX_INT),
-    "unix_socket_mode": (0, 0o7777),
-}
-
-
 class SettingsError(Exception):
     """The configuration cannot be used; the message names the file, line and key."""
-
-
-class NotSupported(ValueError):
-    """A key pypool parses but does not implement, set to a value that would need it."""
-
-
-def parse_int(text: str) -> int:
-    if not re.fullmatch(r"\s*[-+]?[0-9]+\s*", text):
-        raise ValueError(f"not an integer: {text!r}")
-    return int(text)
-
-
-def parse_mode(text: str) -> int:
-    """A file mode as PgBouncer reads one (C's strtol, base 0): `0777` is octal, `0x1ff`
-    hexadecimal, `511` decimal."""
-    stripped = text.strip()
-    if re.fullmatch(r"0[0-7]*", stripped):
-        return int(stripped, 8)
-    if re.fullmatch(r"0[xX][0-9a-fA-F]+", stripped):
-        return int(stripped, 16)
-    if re.fullmatch(r"[1-9][0-9]*", stripped):
-        return int(stripped)
-    raise ValueError(f"not a file mode: {text!r} (write it in octal, as 0777)")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from PgBouncer's time syntax: `15`, `0.5`, `500ms`, `2min`, `1h`."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(us|ms|s|min|h|d)?\s*", text)
-    if not match and text.strip().startswith("-"):
-        raise ValueError(f"must be >= 0, not {text.strip()}")
-    if not match:
-        raise ValueError(f"not a duration: {text!r}")
-    value = float(match.group(1))
-    scale = {None: 1.0, "us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
-    return value * scale[match.group(2)]
-
-
-def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "yes", "on", "true"):
-        return True
-    if lowered in ("0", "no", "off", "false"):
-        return False
-    raise ValueError(f"not a boolean: {text!r}")
-
-
-def parse_list(text: str) -> tuple[str, ...]:
-    return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
 @dataclass(frozen=True)
@@ -398,51 +333,6 @@ class Settings:
         return entry
 
 
-def parse_connstring(text: str) -> dict[str, str]:
-    """libpq-style `key=value key2='quoted value'` into a dict."""
-    result: dict[str, str] = {}
-    pos, n = 0, len(text)
-    while pos < n:
-        while pos < n and text[pos].isspace():
-            pos += 1
-        if pos >= n:
-            break
-        eq = text.find("=", pos)
-        if eq < 0:
-            raise ValueError(f"expected key=value at {text[pos:]!r}")
-        key = text[pos:eq].strip().lower()
-        pos = eq + 1
-        while pos < n and text[pos].isspace():
-            pos += 1
-        if pos < n and text[pos] == "'":
-            pos += 1
-            value = []
-            while pos < n:
-                ch = text[pos]
-                if ch == "\\" and pos + 1 < n:
-                    value.append(text[pos + 1])
-                    pos += 2
-                    continue
-                if ch == "'":
-                    if pos + 1 < n and text[pos + 1] == "'":
-                        value.append("'")
-                        pos += 2
-                        continue
-                    pos += 1
-                    break
-                value.append(ch)
-                pos += 1
-            else:
-                raise ValueError("unterminated quoted value")
-            result[key] = "".join(value)
-        else:
-            start = pos
-            while pos < n and not text[pos].isspace():
-                pos += 1
-            result[key] = text[start:pos]
-    return result
-
-
 _INT_DB_KEYS = ("pool_size", "min_pool_size", "reserve_pool_size", "max_db_connections",
                 "max_db_client_connections")
 _USER_KEYS: dict[str, str] = {  # [users] key -> its kind
@@ -653,6 +543,9 @@ def pooler_settings(items: dict[str, str], where: str | _Section) -> PoolerSetti
                 log.warning("%s: unknown key %r ignored", at, key)
         except ValueError as exc:
             raise _problem(at, key, exc) from None
+        if key in NO_EFFECT and key in values and values[key] != getattr(_DEFAULTS, key):
+            log.warning("%s: %s = %s has no effect in pypool: %s", at, key, raw.strip(),
+                        NO_EFFECT[key])
     return PoolerSettings(**values)  # type: ignore[arg-type]
 
 

@@ -1,4 +1,4 @@
-"""The sans-IO core (protocol/, auth/, pooling/) never imports asyncio or opens sockets."""
+"""The sans-IO core (core/, protocol/, auth/, pooling/) never imports asyncio or opens sockets."""
 
 import ast
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pypool"
-SANS_IO = ("protocol", "auth", "pooling")
+SANS_IO = ("core", "protocol", "auth", "pooling")
 FORBIDDEN = {"asyncio", "uvloop", "socket", "selectors"}
 
 

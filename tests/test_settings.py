@@ -614,3 +614,13 @@ def test_scram_iterations_defaults_to_4096_and_is_read(tmp_path: Path) -> None:
     assert PoolerSettings().scram_iterations == 4096
     path = write_ini(tmp_path, "[databases]\n\n[pgbouncer]\nscram_iterations = 10000\n")
     assert load_ini(path).pooler.scram_iterations == 10000
+
+
+def test_a_key_with_no_effect_set_away_from_its_default_is_logged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = write_ini(tmp_path, "[databases]\n[pgbouncer]\ndns_max_ttl = 60\nsbuf_loopcnt = 5\n")
+    with caplog.at_level(logging.WARNING):
+        settings = load_ini(path)
+    assert settings.pooler.dns_max_ttl == 60
+    assert "dns_max_ttl = 60 has no effect in pypool: no DNS cache" in caplog.text
+    assert "sbuf_loopcnt" not in caplog.text  # its default: nothing to say

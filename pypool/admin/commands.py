@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..observe.view import ADMIN_DB, database_entry
+from ..protocol import errors
 from ..protocol.errors import PoolerError
 from ..settings import SettingsError, replace_setting
 from .control import PoolerControl
@@ -34,9 +35,10 @@ ADMIN_DATABASES = (ADMIN_DB, "pypool")
 class AdminError(Exception):
     """A command refused; `message` is PgBouncer's text for the same refusal."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, sqlstate: str = errors.PROTOCOL_VIOLATION) -> None:
         super().__init__(message)
         self.message = message
+        self.sqlstate = sqlstate
 
 
 class InvalidCommand(Exception):
@@ -225,7 +227,9 @@ def reload(pooler: PoolerControl, arg: str) -> Reply:
     log.info("RELOAD command issued")
     if pooler.reload():
         return Done("RELOAD")
-    return Done("RELOAD", notice="configuration reload failed, keeping the old one (see the log)")
+    # As PgBouncer 1.25: an ERROR (config_file_error); what failed is in the log.
+    log.error("RELOAD failed, see logs for more details")
+    raise AdminError("RELOAD failed, see logs for additional details", errors.CONFIG_FILE_ERROR)
 
 
 def shutdown(pooler: PoolerControl, arg: str) -> Reply:
@@ -241,6 +245,10 @@ def shutdown(pooler: PoolerControl, arg: str) -> Reply:
         raise InvalidCommand(arg)
     log.info("SHUTDOWN %s command issued", mode)
     return Done("SHUTDOWN", then=lambda: pooler.shutdown(how))
+
+
+# PgBouncer's NOTICE for a TLS key whose new value cannot be put to use yet.
+TLS_NOT_APPLIED = "TLS settings could not be applied, still using old configuration"
 
 
 def set_param(pooler: PoolerControl, key: str, value: str, is_admin: bool) -> Reply:
@@ -262,6 +270,15 @@ def set_param(pooler: PoolerControl, key: str, value: str, is_admin: bool) -> Re
         raise AdminError("SET failed") from None
     log.info("SET %s = %r", key, value)
     pooler.apply_settings(dataclasses.replace(pooler.settings, pooler=new))
+    if key.strip().lower().startswith(("client_tls", "server_tls")):
+        # The ini's parser checks one value; TLS needs the files and the other keys too, set
+        # one SET at a time in any order. As PgBouncer: the value is kept (SHOW CONFIG shows
+        # it), the TLS in force stays, and the SET says so.
+        problem = pooler.tls_error(new)
+        if problem is not None:
+            log.warning("SET %s: TLS settings could not be applied (%s), still using the old "
+                        "configuration", key, problem)
+            return Done(f"SET {key}={value}", notice=TLS_NOT_APPLIED)
     return Done(f"SET {key}={value}")
 
 

@@ -85,9 +85,8 @@ def sweep(pooler: Pooler) -> None:
                     client.wait_notified = True
                     client.write(m.notice_response(WAIT_NOTICE))
         user_entry = pooler.settings.users.get(pool.user)
-        xact_timeout = (user_entry and user_entry.transaction_timeout) or (
-            cfg.transaction_timeout)
-        # [users] query_timeout and idle_transaction_timeout win over [pgbouncer]'s.
+        # [users] timeouts win over [pgbouncer]'s, 0 too (it turns one off for that user).
+        xact_timeout = _user_value(user_entry, "transaction_timeout", cfg.transaction_timeout)
         query_timeout = _user_value(user_entry, "query_timeout", cfg.query_timeout)
         idle_xact_timeout = _user_value(user_entry, "idle_transaction_timeout",
                                         cfg.idle_transaction_timeout)

@@ -113,6 +113,9 @@ def reread(pooler: Pooler) -> bool:
         return False
     apply_settings(pooler, new)
     log.info("configuration reloaded from %s", new.path)
+    if pooler.tls.failed:
+        log.error("TLS configuration could not be reloaded, keeping old configuration")
+        return False
     return True
 
 

@@ -47,7 +47,7 @@ from ..net.hooks import (
     WireTrace,
 )
 from ..net.server import ServerConnection
-from ..net.tls import Tls
+from ..net.tls import Tls, check
 from ..net.unix_socket import UnixSocket
 from ..pooling import session_state as ss
 from ..pooling.client_limits import ClientCounts
@@ -58,7 +58,7 @@ from ..pooling.stats import StatsPeriods
 from ..protocol import cancel_key, errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
-from ..settings import DatabaseEntry, Settings
+from ..settings import DatabaseEntry, PoolerSettings, Settings
 from . import (
     auth_database,
     cancel,
@@ -755,6 +755,10 @@ class Pooler:
 
     def apply_settings(self, new: Settings) -> None:
         lifecycle.apply_settings(self, new)
+
+    def tls_error(self, cfg: PoolerSettings) -> str | None:
+        """Why TLS could not run with `cfg` (net/tls.py `check`), or None."""
+        return check(cfg)
 
     def trace_client(self, target: str, on: bool) -> int:
         """The console's TRACE (pooler/tracing.py): clients traced now."""

@@ -31,7 +31,15 @@ Factories = tuple[Callable[[], Any] | None, Callable[[], Any] | None]
 def factories(cfg: PoolerSettings) -> Factories:
     """What makes each pool's queue and server policy (None: the inline default)."""
     return (policies.queue_factory(cfg.queue_policy, cfg.queue_priority),
-            policies.server_factory(cfg.server_policy))
+            policies.server_factory(server_policy(cfg)))
+
+
+def server_policy(cfg: PoolerSettings) -> str:
+    """`server_policy`, or PgBouncer's `server_round_robin = 1` (idle servers used in turn,
+    the one idle longest first) when server_policy is left at its lifo default."""
+    if cfg.server_round_robin and cfg.server_policy == "lifo":
+        return "fifo"
+    return cfg.server_policy
 
 
 def new_policies(pooler: Pooler) -> tuple[Any, Any]:
@@ -44,8 +52,8 @@ def new_policies(pooler: Pooler) -> tuple[Any, Any]:
 def apply(pooler: Pooler, old: PoolerSettings | None) -> None:
     """At start (old None) and after a reload: policies and the transaction log."""
     cfg = pooler.settings.pooler
-    if old is not None and (old.queue_policy, old.queue_priority, old.server_policy) != (
-            cfg.queue_policy, cfg.queue_priority, cfg.server_policy):
+    if old is not None and (old.queue_policy, old.queue_priority, server_policy(old)) != (
+            cfg.queue_policy, cfg.queue_priority, server_policy(cfg)):
         try:
             pooler.policy_factories = factories(cfg)
         except ValueError as exc:  # a module:Class that went away since it was checked
@@ -53,7 +61,7 @@ def apply(pooler: Pooler, old: PoolerSettings | None) -> None:
         else:
             for pool in pooler.pools.values():
                 set_policies(pool, new_policies(pooler))
-            log.info("queue_policy %s, server_policy %s", cfg.queue_policy, cfg.server_policy)
+            log.info("queue_policy %s, server_policy %s", cfg.queue_policy, server_policy(cfg))
     _apply_txlog(pooler, old)
 
 

@@ -105,10 +105,28 @@ def test_sighup_with_a_refused_value_keeps_the_running_config(
     with console(p) as admin:
         assert _config(admin, "query_wait_timeout") == "120"
         assert _config(admin, "default_pool_size") == "5"
-        notices: list[str] = []
-        admin.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
-        assert admin.execute("RELOAD").statusmessage == "RELOAD"
-        assert notices == ["configuration reload failed, keeping the old one (see the log)"]
+        # As PgBouncer 1.25: the console's RELOAD fails with config_file_error.
+        with pytest.raises(psycopg.errors.ConfigFileError,
+                           match="^RELOAD failed, see logs for additional details$"):
+            admin.execute("RELOAD")
+        assert admin.execute("SHOW VERSION").fetchone() is not None  # the console carries on
         with app(p) as client:
             assert client.execute("SELECT 3").fetchone() == (3,)
     assert p.proc.poll() is None
+
+
+def test_a_tls_set_that_cannot_be_applied_yet_says_so(bouncer: Pooler) -> None:
+    """As PgBouncer: TLS keys are set one at a time in any order, so a SET that leaves TLS
+    unusable (a mode with no certificate yet) is kept, answered with a NOTICE, and the TLS
+    in force (none here) stays: clients still get in without TLS."""
+    with console(bouncer) as admin:
+        notices: list[str] = []
+        admin.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        assert admin.execute("SET client_tls_sslmode = 'require'").statusmessage == \
+            "SET client_tls_sslmode=require"
+        assert notices == ["TLS settings could not be applied, still using old configuration"]
+        assert _config(admin, "client_tls_sslmode") == "require"
+        with app(bouncer) as client:
+            assert client.execute("SELECT 5").fetchone() == (5,)
+            assert client.pgconn.ssl_in_use is False
+    assert "client_tls_key_file and client_tls_cert_file must be set" in bouncer.log()

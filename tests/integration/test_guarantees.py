@@ -325,6 +325,19 @@ def test_transaction_timeout_per_user(postgres, pooler, pg_activity) -> None:
         other.execute("COMMIT")
 
 
+def test_transaction_timeout_zero_for_a_user_turns_the_global_one_off(postgres, pooler,
+                                                                      pg_activity) -> None:
+    settle(postgres, pg_activity)
+    p = pooler(ini_overrides={"transaction_timeout": "1"},
+               extra_sections=f"[users]\n{ADMIN_USER} = transaction_timeout=0")
+    with connect(p.dsn(user=ADMIN_USER, password=ADMIN_PASSWORD)) as exempt:
+        exempt.execute("BEGIN")
+        exempt.execute("SELECT 1")
+        _transaction_cut(p, postgres)  # app's transaction is cut after 1 s
+        assert exempt.execute("SELECT 9").fetchone()[0] == 9  # 2 s in, still open
+        exempt.execute("COMMIT")
+
+
 # -- 5. the admin console past max_client_conn --------------------------------------------
 
 
@@ -529,6 +542,35 @@ def test_reconnect_closes_a_server_parked_for_its_cancel(postgres, pooler) -> No
                 return rows is not None and rows[0][0] == 0
 
             assert wait_for(old_backend_gone, 5), "the parked server went back to the pool"
+            assert a.execute("SELECT pg_backend_pid()").fetchone()[0] != old_pid
+    finally:
+        proxy.close()
+
+
+def test_a_cancel_that_does_not_land_in_cancel_wait_timeout_closes_its_server(
+        postgres, pooler) -> None:
+    """The cancel is held 3 s, cancel_wait_timeout is 1 s: the server it was aimed at could
+    still be hit later, so it is closed, never handed on."""
+    proxy = CancelHoldingProxy(postgres.host, postgres.port, hold=3.0)
+    try:
+        p = pooler(ini_overrides={"default_pool_size": "1", "query_wait_timeout": "30",
+                                  "cancel_wait_timeout": "1"},
+                   databases={"app": f"host=127.0.0.1 port={proxy.port} dbname=app"})
+        with connect(p.dsn()) as a, console(p) as admin:
+            old_pid = a.execute("SELECT pg_backend_pid()").fetchone()[0]
+            qa = Query(a, "SELECT pg_sleep(0.3), 'a' /* late-cancel-a */")
+            qa.start()
+            assert wait_for(lambda: running(postgres, "late-cancel-a") == 1, 3)
+            a.cancel_safe(timeout=5)
+            qa.join(5)
+            assert qa.error is None, qa.error
+            assert not proxy.cancels_forwarded
+            assert wait_for(lambda: "cancel request failed: cancel_wait_timeout" in p.log(), 3)
+
+            def pool() -> dict[str, Any]:
+                return row(admin, "POOLS", database="app", user=APP_USER)
+
+            assert wait_for(lambda: pool()["sv_being_canceled"] == 0, 3), pool()
             assert a.execute("SELECT pg_backend_pid()").fetchone()[0] != old_pid
     finally:
         proxy.close()

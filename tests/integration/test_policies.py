@@ -121,6 +121,20 @@ def test_server_policy_spreads_or_concentrates(pooler: PoolerFactory, policy: st
         assert pids[:3] == pids[3:6] == pids[6:]
 
 
+def test_server_round_robin_uses_the_servers_in_turn(pooler: PoolerFactory) -> None:
+    """PgBouncer's server_round_robin = 1: as server_policy = fifo."""
+    p = pooler({"default_pool_size": "3", "server_round_robin": "1"})
+    holders = [connect(p.dsn()) for _ in range(3)]
+    for conn in holders:
+        conn.execute("BEGIN")
+        conn.execute("SELECT 1")
+    for conn in holders:
+        conn.execute("COMMIT")
+        conn.close()
+    pids = backend_pids(p, 6)
+    assert len(set(pids)) == 3 and pids[:3] == pids[3:], pids
+
+
 def test_an_unknown_policy_is_refused_naming_the_key(pooler: PoolerFactory) -> None:
     p = pooler({"default_pool_size": "1"})
     p.rewrite_config({"server_policy": "random"})

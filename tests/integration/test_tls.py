@@ -329,8 +329,13 @@ def test_reload_rotates_the_certificate_and_keeps_it_on_a_bad_file(
     # A broken key file: logged, and the certificate in force stays.
     key.write_text("not a key\n")
     p.reload()
-    assert wait_for(lambda: "TLS setup failed, keeping the TLS configuration in force"
-                    in p.log(), 5), p.log()
+    assert wait_for(lambda: "TLS setup failed: " in p.log()
+                    and "keeping the TLS configuration in force" in p.log(), 5), p.log()
+    # The console's RELOAD says it failed (PgBouncer 1.25: config_file_error).
+    with connect(p, ADMIN_USER, ADMIN_PASSWORD, "pgbouncer", host=str(p.ini_path.parent),
+                 prepare_threshold=None) as admin:
+        with pytest.raises(psycopg.errors.ConfigFileError, match="RELOAD failed"):
+            admin.execute("RELOAD")
     with connect(p, host="localhost", sslmode="verify-full", sslrootcert=new_root) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
     kept.close()

@@ -115,7 +115,9 @@ def test_reload_keeps_the_contexts_in_force_on_a_bad_file(
     before = found.client
     assert not found.reload(dataclasses.replace(cfg, client_tls_key_file=str(tmp_path / "gone")))
     assert found.client is before
-    assert "TLS setup failed, keeping the TLS configuration in force" in caplog.text
+    assert "TLS setup failed: " in caplog.text
+    assert "keeping the TLS configuration in force" in caplog.text
+    assert found.failed
     # A good reload replaces the client context; the server side is unchanged: no recycling.
     assert found.reload(cfg) is False
     assert found.client is not before
