@@ -309,7 +309,7 @@ def test_reconnect_and_kill_end_replication_sessions_at_once(
     with replication(dsn, "database") as conn:
         assert len(simple(conn, "IDENTIFY_SYSTEM")) == 1
     assert "Traceback" not in p.log(), p.log()
-    assert "closing because: database configuration changed" in p.log()
+    assert wait_for(lambda: "closing because: database configuration changed" in p.log(), 5)
 
 
 def test_replication_client_waits_for_a_busy_pool(
@@ -335,7 +335,7 @@ def test_replication_client_waits_for_a_busy_pool(
         plain.execute("COMMIT")
         waiter.join(10)
     assert got and got[0] - released < 1  # the freed server was closed to make room
-    assert "closing because: replication client disconnected" in p.log()
+    assert wait_for(lambda: "closing because: replication client disconnected" in p.log(), 5)
 
 
 def test_replication_client_keeps_its_place_in_line(
