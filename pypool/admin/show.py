@@ -187,14 +187,14 @@ _CLIENT_COLUMNS = _SOCKET_COLUMNS + " pinned"
 
 
 def _client_row(c: ClientInfo) -> tuple[Any, ...]:
-    return ("C", c.user, c.database, "none", c.state, c.addr, c.port, c.local_addr,
+    return ("C", c.user, c.database, c.replication, c.state, c.addr, c.port, c.local_addr,
             c.local_port, c.connect_time, c.request_time, c.wait_us // 1_000_000,
             c.wait_us % 1_000_000, 0, c.ptr, c.link, 0, c.tls, c.application_name,
             c.prepared_statements, c.id, c.pinned)
 
 
 def _server_row(s: ServerInfo) -> tuple[Any, ...]:
-    return ("S", s.user, s.database, "none", s.state, s.addr, s.port, s.local_addr,
+    return ("S", s.user, s.database, s.replication, s.state, s.addr, s.port, s.local_addr,
             s.local_port, s.connect_time, s.request_time, 0, 0, int(s.close_needed), s.ptr,
             s.link, s.remote_pid, s.tls, s.application_name, s.prepared_statements, s.id)
 

@@ -26,7 +26,7 @@ from ..core.states import ClientEvent, ClientState
 from ..pooling import prepared
 from ..pooling import session_state as ss
 from ..pooling.params import TRACKED, canonical_name, same_encoding
-from ..protocol import errors
+from ..protocol import errors, replication
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..protocol.startup import MAX_AUTH_MESSAGE, CancelRequest
@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from .client import ClientConnection
 
 log = logging.getLogger("pypool.client")
+
+# The login line's `replication=` word for each kind, as PgBouncer 1.23+ writes it.
+_LOGGED_KIND = {replication.NONE: "no", replication.LOGICAL: "database",
+                replication.PHYSICAL: "yes"}
 
 
 class ClientLogin:
@@ -122,11 +126,15 @@ class ClientLogin:
         startup_params = shared_startup_params(packet.params)
         client.user, client.database = client_login.login_names(startup_params)
         client.startup_params = startup_params
+        # A replication client's `options` goes to its own server untouched.
+        kind = replication.kind(startup_params)
         client.params.update(client_login.tracked_parameters(
-            startup_params, settings.track_extra_parameters, settings.ignore_startup_parameters))
+            replication.tracked_part(startup_params, kind), settings.track_extra_parameters,
+            settings.ignore_startup_parameters))
         if settings.log_connections:
-            log.info("%r: login attempt: db=%s user=%s tls=%s", client, client.database,
-                     client.user, client.tls_info or "no")
+            log.info("%r: login attempt: db=%s user=%s tls=%s replication=%s", client,
+                     client.database, client.user, client.tls_info or "no",
+                     _LOGGED_KIND[kind])
         self._buffer += first.rest
         pooler.begin_authentication(client)
         if client.state is ClientState.STARTUP:

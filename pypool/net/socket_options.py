@@ -34,3 +34,25 @@ def tune_tcp(sock: Any, cfg: PoolerSettings) -> None:
             sock.setsockopt(level, option, value)
         except OSError:
             pass
+
+
+# The least send and receive buffer of a replication connection's two sockets (below).
+STREAM_BUFFER_FLOOR = 256 * 1024
+
+
+def widen_for_streaming(sock: Any, cfg: PoolerSettings) -> None:
+    """A replication stream through the pooler (net/replication_pipe.py) is one bulk
+    transfer: with tcp_socket_buffer set below STREAM_BUFFER_FLOOR its buffers are raised to
+    it. Through buffers of a few KiB one segment at a time is in flight, the peer delays its
+    ACK for a second one that cannot come, and pg_basebackup crawls at 8 KiB per delayed
+    ACK. 0 (the kernel's autotuned default) is left alone."""
+    size = cfg.tcp_socket_buffer
+    if not size or size >= STREAM_BUFFER_FLOOR or sock is None:
+        return
+    if sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, STREAM_BUFFER_FLOOR)
+        except OSError:
+            pass

@@ -28,6 +28,7 @@ from ..pooling import stats as st
 from ..pooling.client_limits import ClientCounts
 from ..pooling.pool import Pool
 from ..pooling.session_state import ClientSession
+from ..protocol.replication import kind_or_none
 from ..settings import DatabaseEntry, Settings
 
 ADMIN_DB = "pgbouncer"  # the console's database, and its pool pgbouncer/pgbouncer
@@ -72,6 +73,8 @@ class ClientSide(Protocol):
     def admin(self) -> object | None: ...
     @property
     def params(self) -> Mapping[str, str]: ...
+    @property
+    def startup_params(self) -> Mapping[str, str]: ...
     @property
     def connect_time(self) -> float: ...
     @property
@@ -178,6 +181,7 @@ class ClientInfo:
     fd: int = -1  # its socket's file descriptor (SHOW FDS), -1 once closed
     tls: str = ""  # PgBouncer's `tls` column: TLSv1.3/TLS_AES_256_GCM_SHA384, "" plaintext
     pinned: str = ""  # why it keeps its server after its transactions (session_state.py)
+    replication: str = "none"  # "physical", "logical" for a replication client
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,7 @@ class ServerInfo:
     prepared_statements: int
     fd: int = -1
     tls: str = ""
+    replication: str = "none"  # "physical", "logical": dedicated to a replication client
 
 
 @dataclass(frozen=True)
@@ -481,6 +486,7 @@ def _client(client: ClientSide, database: str, now: float, wall: float) -> Clien
         prepared_statements=_prepared_count(client), fd=_fd(client.transport),
         tls=client.tls_info,
         pinned=client.session.pinned() if client.session is not None else "",
+        replication=kind_or_none(client.startup_params),
     )
 
 
@@ -501,7 +507,7 @@ def _servers(pool: Pool, wall: float) -> list[ServerInfo]:
                 link=_ptr(server.client), remote_pid=server.backend_pid,
                 application_name=server.params.get("application_name", ""),
                 prepared_statements=_prepared_count(server), fd=_fd(server.transport),
-                tls=server.tls_info,
+                tls=server.tls_info, replication=kind_or_none(server.startup_params),
             ))
     return found
 

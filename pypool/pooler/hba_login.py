@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from ..auth.hba import HbaRules, IdentMaps, Login, parse_hba, parse_ident
 from ..net import tls
 from ..net.unix_socket import os_user_name
-from ..protocol import errors
+from ..protocol import errors, replication
 from ..protocol.errors import PoolerError
 
 if TYPE_CHECKING:
@@ -29,9 +29,6 @@ if TYPE_CHECKING:
     from ..settings import PoolerSettings
 
 log = logging.getLogger("pypool")
-
-# The StartupMessage `replication` values that ask for a physical replication connection.
-_PHYSICAL = frozenset({"true", "on", "yes", "1"})
 
 
 @dataclass(frozen=True)
@@ -83,7 +80,7 @@ def method_for(hba: HbaConfig, client: ClientConnection) -> str:
         tls=bool(client.tls_info),
         database=client.database,
         user=client.user,
-        replication=client.startup_params.get("replication", "").lower() in _PHYSICAL,
+        replication=replication.kind_or_none(client.startup_params) == replication.PHYSICAL,
     )
     rule = hba.rules.match(login) if hba.rules is not None else None
     if rule is None:

@@ -29,6 +29,7 @@ from ..pooling.params import covers
 from ..pooling.session_state import sync_statements
 from ..protocol import errors
 from ..protocol.errors import PoolerError
+from . import replication
 
 if TYPE_CHECKING:
     from ..net.client import ClientConnection
@@ -251,6 +252,8 @@ def server_available(pooler: Pooler, server: ServerConnection, now: float = 0.0)
     if server.state is not ServerState.IDLE:
         server.on(ServerEvent.FREED)
     server.request_time = now  # free since now (server_check_delay counts from here)
+    if pooler.replication.queues and replication.claim_freed(pooler, pool, server):
+        return  # closed to make room for a replication client that came first
     if not pool.paused:
         while (client := pool.dequeue()) is not None:
             if client.state is ClientState.WAITING:

@@ -65,6 +65,7 @@ from . import (
     hba_login,
     lifecycle,
     linking,
+    replication,
     research,
     tracing,
     transactions,
@@ -161,6 +162,9 @@ class Pooler:
         self.open_trace: OpenTrace | None = None
         self.wire_trace: WireTrace | None = None
         self.trace_all: WireTrace | None = None
+        # Replication clients waiting for their own server, and the joined pairs
+        # (pooler/replication.py).
+        self.replication = replication.Replication()
         self.load_auth()
 
     def load_auth(self) -> None:
@@ -245,6 +249,8 @@ class Pooler:
         return creds
 
     def launch_servers(self, pool: Pool) -> None:
+        if self.replication.in_use():
+            replication.launch(self, pool)  # dedicated servers first: their clients came first
         if pool.paused or self.shutting_down == "now":
             return
         now = self.now()
@@ -285,7 +291,7 @@ class Pooler:
             # Only max_db_connections / max_user_connections stand in the way: as PgBouncer
             # (evict_connection), close another pool's idle server to make room, or an idle
             # pool would starve a busy one forever.
-            if self._evict_idle(pool, same_db=room_db <= 0, same_user=room_user <= 0):
+            if self.evict_idle(pool, same_db=room_db <= 0, same_user=room_user <= 0):
                 self.launch_servers(pool)
             return
         for _ in range(wanted):
@@ -302,7 +308,7 @@ class Pooler:
                 return True
         return False
 
-    def _evict_idle(self, pool: Pool, same_db: bool, same_user: bool) -> bool:
+    def evict_idle(self, pool: Pool, same_db: bool, same_user: bool) -> bool:
         """Close the longest-idle server of another pool under the same exhausted cap."""
         candidates = [
             server
@@ -322,6 +328,10 @@ class Pooler:
     def _open_server(self, pool: Pool, entry: DatabaseEntry) -> None:
         if pool.server_count >= pool.limits.pool_size and pool.waiting:
             log.info("%s/%s: taking connection from reserve_pool", pool.database, pool.user)
+        self.open_server(pool, entry, self.entry_startup(entry))
+
+    def entry_startup(self, entry: DatabaseEntry) -> dict[str, str]:
+        """The StartupMessage parameters a [databases] entry gives its servers."""
         startup: dict[str, str] = {}
         if entry.application_name:
             startup["application_name"] = entry.application_name
@@ -330,6 +340,11 @@ class Pooler:
             value = getattr(entry, key)
             if value:
                 startup[name] = value
+        return startup
+
+    def open_server(self, pool: Pool, entry: DatabaseEntry,
+                    startup: dict[str, str]) -> ServerConnection:
+        """Open a server of `pool` that logs in with `startup`, counted from now on."""
         server = ServerConnection(
             self, pool, self.hosts.pick(entry), entry.port, entry.server_dbname,
             self.credentials_for(entry, pool.user), startup,
@@ -338,6 +353,7 @@ class Pooler:
         self.servers_per_db[pool.database] = self.servers_per_db.get(pool.database, 0) + 1
         self.servers_per_user[pool.user] = self.servers_per_user.get(pool.user, 0) + 1
         self.spawn(self._connect(server, entry))
+        return server
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(coro)
@@ -369,6 +385,9 @@ class Pooler:
 
     def _login_failed(self, server: ServerConnection, text: str, error: bytes) -> None:
         """A server's connect or login failed: the pool's clients are told (see below)."""
+        if replication.is_dedicated(server):
+            replication.login_failed(self, server, text, error)  # its own client alone
+            return
         pool = server.pool
         # As PgBouncer logs it: an error the server sent with its severity (FATAL database "x"
         # does not exist); the pooler's own (08P01, 08006: connect, TLS, protocol) as they are.
@@ -406,6 +425,9 @@ class Pooler:
                 transport.close()
 
     def server_logged_in(self, server: ServerConnection) -> None:
+        if replication.is_dedicated(server):
+            replication.server_logged_in(self, server)  # joined to its client, never pooled
+            return
         pool = server.pool
         pool.login_error = None
         if pool.server_params is None:
@@ -434,6 +456,8 @@ class Pooler:
         server.statements.close()
         self.servers_per_db[pool.database] = self.servers_per_db.get(pool.database, 1) - 1
         self.servers_per_user[pool.user] = self.servers_per_user.get(pool.user, 1) - 1
+        if replication.is_dedicated(server):
+            replication.server_closed(self, server, reason)  # its client goes, unfailed
         if server.checking and server.client is not None:
             # It died under server_check_query, before any of its client's requests.
             server.backend.checking = False
@@ -571,6 +595,9 @@ class Pooler:
             name = client.params.get("application_name") or "app"
             client.params["application_name"] = f"{name} - {client.peer[0]}:{client.peer[1]}"
         self.cancel_keys[key] = client
+        if replication.wants_own_server(client):
+            replication.client_authenticated(self, client, pool)  # welcomed by its server
+            return
         failing = self.login_failing(pool)
         if failing is not None:
             raise failing
@@ -615,6 +642,8 @@ class Pooler:
             pool.unqueue(client)
             if client in pool.awaiting_params:
                 pool.awaiting_params.remove(client)
+        if self.replication.in_use():
+            replication.client_closed(self, client)  # its own server goes with it
         server = client.server
         if server is not None and (server.chain or server.client is not client
                                    or pipeline.skipped_in_line(client)):
@@ -764,7 +793,7 @@ def _has_usable_server(pool: Pool) -> bool:
     dirty = pool.close_needed
     for group in (pool.idle, pool.active, pool.login, pool.being_canceled):
         for server in group:
-            if server not in dirty:
+            if server not in dirty and not replication.is_dedicated(server):
                 return True
     return False
 

@@ -1,0 +1,51 @@
+"""The `replication` startup parameter, read as PostgreSQL reads it (protocol/replication.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pypool.protocol import replication as rep
+from pypool.protocol.errors import PoolerError
+
+
+@pytest.mark.parametrize("value", ["true", "on", "yes", "1", "TRUE", "t", "y", "ye", "On"])
+def test_true_booleans_ask_for_physical_replication(value: str) -> None:
+    assert rep.kind({"replication": value}) == rep.PHYSICAL
+
+
+@pytest.mark.parametrize("value", ["false", "off", "no", "0", "f", "n", "of"])
+def test_false_booleans_are_an_ordinary_login(value: str) -> None:
+    assert rep.kind({"replication": value}) == rep.NONE
+
+
+def test_database_asks_for_logical_replication() -> None:
+    assert rep.kind({"replication": "database"}) == rep.LOGICAL
+    assert rep.kind({"user": "u"}) == rep.NONE
+
+
+@pytest.mark.parametrize("value", ["", "o", "maybe", "2", "databases", "Database", " on"])
+def test_other_values_are_refused_with_postgresqls_words(value: str) -> None:
+    with pytest.raises(PoolerError) as refused:
+        rep.kind({"replication": value})
+    assert refused.value.message == f'invalid value for parameter "replication": "{value}"'
+    assert refused.value.sqlstate == "22023"
+    assert rep.kind_or_none({"replication": value}) == rep.NONE
+
+
+def test_options_are_tracked_only_for_ordinary_logins() -> None:
+    params = {"user": "u", "options": "-c work_mem=1MB", "application_name": "a"}
+    assert rep.tracked_part(params, rep.NONE) is params
+    assert rep.tracked_part(params, rep.LOGICAL) == {"user": "u", "application_name": "a"}
+
+
+def test_the_dedicated_servers_startup() -> None:
+    startup = rep.server_startup(
+        rep.PHYSICAL,
+        {"user": "u", "replication": "on", "options": "-c wal_sender_timeout=0"},
+        {"application_name": "standby", "DateStyle": "ISO"},
+        {"application_name": "from-ini", "TimeZone": "UTC"},
+    )
+    assert startup == {"application_name": "standby", "TimeZone": "UTC", "DateStyle": "ISO",
+                       "options": "-c wal_sender_timeout=0", "replication": "true"}
+    logical = rep.server_startup(rep.LOGICAL, {"replication": "database"}, {}, {})
+    assert logical == {"replication": "database"}
