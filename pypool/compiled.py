@@ -63,6 +63,7 @@ HOT_MODULES = (
     "pypool.net.server",
     "pypool.pooler.objects",
     "pypool.pooler.linking",
+    "pypool.pooler.server_logins",
     "pypool.pooler.transactions",
     "pypool.pooler.cancel",
     "pypool.pooler.janitor",

@@ -8,6 +8,8 @@ at start-up (net/hooks.py): nothing here imports admin/, observe/ or metrics.py.
 
 - objects.py    the Pooler: pools, servers and clients bookkeeping, login, the entry points
 - linking.py    request_server, link, release, server_available: who gets which server
+- server_logins.py  how many servers a pool opens, opening and logging them in, failed logins
+- replication.py  replication clients: a dedicated server each, joined byte for byte
 - transactions.py  each ReadyForQuery judged: release, keep (pinned by session state), close
 - cancel.py     a client's CancelRequest, forwarded to the server it holds
 - janitor.py    the timeouts, the pool sizes and the stats period, on a timer

@@ -10,9 +10,9 @@ linking.py carries it out.
 
 The client and server Protocols (net/) call in here at their turning points: a client
 authenticated, a client needs a server, a transaction ended, a server logged in or closed.
-Where the work belongs to another concept (linking.py, cancel.py, janitor.py,
-lifecycle.py), the method here only hands over, so those callers need know nothing of the
-split.
+Where the work belongs to another concept (linking.py, server_logins.py, cancel.py,
+janitor.py, lifecycle.py), the method here only hands over, so those callers need know
+nothing of the split.
 
 Never forget a connection without its counts (servers_per_db, servers_per_user, the pool's
 lists), and never leave a client whose server has closed without an error.
@@ -25,7 +25,6 @@ import dataclasses
 import logging
 import os
 import secrets
-import socket
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -34,7 +33,6 @@ from typing import Any, Final
 from ..auth.auth_file import load_auth_file
 from ..auth.md5 import is_md5_hash
 from ..auth.scram import ScramVerifier, is_scram_verifier
-from ..core.server_login import ServerLoginError
 from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
 from ..net import hidden_queries, pipeline
 from ..net.client import ClientConnection
@@ -67,6 +65,7 @@ from . import (
     linking,
     replication,
     research,
+    server_logins,
     tracing,
     transactions,
 )
@@ -249,200 +248,26 @@ class Pooler:
         return creds
 
     def launch_servers(self, pool: Pool) -> None:
-        if self.replication.in_use():
-            replication.launch(self, pool)  # dedicated servers first: their clients came first
-        if pool.paused or self.shutting_down == "now":
-            return
-        now = self.now()
-        if pool.login_error is not None:
-            if now - pool.login_error[1] < self.settings.pooler.server_login_retry:
-                return
-        cfg = self.settings.pooler
-        entry = self.settings.database(pool.database) or self.retired.get(pool.database)
-        if entry is None:
-            return
-        room_db = room_user = 1 << 30
-        max_db = entry.max_db_connections or cfg.max_db_connections
-        if max_db:
-            room_db = max_db - self.servers_per_db.get(pool.database, 0)
-        user_entry = self.settings.users.get(pool.user)
-        max_user = (user_entry and user_entry.max_user_connections) or cfg.max_user_connections
-        if max_user:
-            room_user = max_user - self.servers_per_user.get(pool.user, 0)
-        oldest = pool.waiting[0].wait_start if pool.waiting else None
-        lined = 0
-        if cfg.pipeline_depth:
-            # Clients queued on busy servers' lines wait as much as those in the queue.
-            for busy in pool.active:
-                for client in busy.chain:
-                    lined += 1
-                    if oldest is None or client.wait_start < oldest:
-                        oldest = client.wait_start
-        if (max_db or max_user) and oldest is None and not pool.awaiting_params and (
-                self._starving(pool, bool(max_db), bool(max_user))):
-            # Only min_pool_size wants servers here, and a pool sharing the cap has clients
-            # waiting: the room is theirs (refilling here would take it back from them each
-            # time an idle server is evicted for them, and they would wait forever).
-            return
-        wanted = pool.servers_wanted(now, oldest, room_db, room_user, lined)
-        if not wanted and min(room_db, room_user) <= 0 and pool.servers_wanted(
-            now, oldest, 1 << 30, 1 << 30, lined
-        ):
-            # Only max_db_connections / max_user_connections stand in the way: as PgBouncer
-            # (evict_connection), close another pool's idle server to make room, or an idle
-            # pool would starve a busy one forever.
-            if self.evict_idle(pool, same_db=room_db <= 0, same_user=room_user <= 0):
-                self.launch_servers(pool)
-            return
-        for _ in range(wanted):
-            self._open_server(pool, entry)
-
-    def _starving(self, pool: Pool, same_db: bool, same_user: bool) -> bool:
-        """Whether another pool under the same max_db_connections (or max_user_connections)
-        has clients waiting for a server."""
-        for other in self.pools.values():
-            if other is pool or not (other.waiting or other.awaiting_params):
-                continue
-            if (same_db and other.database == pool.database) or (
-                    same_user and other.user == pool.user):
-                return True
-        return False
+        """Open the servers `pool` needs now (pooler/server_logins.py)."""
+        server_logins.launch_servers(self, pool)
 
     def evict_idle(self, pool: Pool, same_db: bool, same_user: bool) -> bool:
-        """Close the longest-idle server of another pool under the same exhausted cap."""
-        candidates = [
-            server
-            for other in self.pools.values()
-            if other is not pool
-            and (not same_db or other.database == pool.database)
-            and (not same_user or other.user == pool.user)
-            for server in other.idle
-        ]
-        if not candidates:
-            return False
-        victim = min(candidates, key=lambda server: server.request_time)
-        victim.close("evicted to make room for another pool")
-        self.server_closed(victim, "evicted to make room for another pool")
-        return True
-
-    def _open_server(self, pool: Pool, entry: DatabaseEntry) -> None:
-        if pool.server_count >= pool.limits.pool_size and pool.waiting:
-            log.info("%s/%s: taking connection from reserve_pool", pool.database, pool.user)
-        self.open_server(pool, entry, self.entry_startup(entry))
+        return server_logins.evict_idle(self, pool, same_db, same_user)
 
     def entry_startup(self, entry: DatabaseEntry) -> dict[str, str]:
-        """The StartupMessage parameters a [databases] entry gives its servers."""
-        startup: dict[str, str] = {}
-        if entry.application_name:
-            startup["application_name"] = entry.application_name
-        for key, name in (("client_encoding", "client_encoding"), ("datestyle", "DateStyle"),
-                          ("timezone", "TimeZone")):
-            value = getattr(entry, key)
-            if value:
-                startup[name] = value
-        return startup
+        return server_logins.entry_startup(self, entry)
 
     def open_server(self, pool: Pool, entry: DatabaseEntry,
                     startup: dict[str, str]) -> ServerConnection:
-        """Open a server of `pool` that logs in with `startup`, counted from now on."""
-        server = ServerConnection(
-            self, pool, self.hosts.pick(entry), entry.port, entry.server_dbname,
-            self.credentials_for(entry, pool.user), startup,
-        )
-        pool.login.add(server)
-        self.servers_per_db[pool.database] = self.servers_per_db.get(pool.database, 0) + 1
-        self.servers_per_user[pool.user] = self.servers_per_user.get(pool.user, 0) + 1
-        self.spawn(self._connect(server, entry))
-        return server
+        return server_logins.open_server(self, pool, entry, startup)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _connect(self, server: ServerConnection, entry: DatabaseEntry) -> None:
-        timeout = self.settings.pooler.server_connect_timeout or None
-        try:
-            async with asyncio.timeout(timeout):
-                transport, _ = await self.loop.create_connection(lambda: server, server.host,
-                                                                 server.port)
-                if self.settings.pooler.log_connections:
-                    local = transport.get_extra_info("sockname") or ("", 0)
-                    log.info("%r new connection to server (from %s:%s)", server, local[0],
-                             local[1])
-                self.hosts.connected(entry)
-                await server.ready
-        except ServerLoginError as exc:
-            self._login_failed(server, exc.args[0], exc.error)
-        except (OSError, TimeoutError) as failure:  # own name: mypyc types `exc` above
-            if server.state is ServerState.CONNECTING and self.hosts.failed(entry):
-                # Another host of the list is next: close this one and open the next now.
-                self.server_closed(server, _connect_failure(failure))
-                return
-            reason = "server connect timeout" if isinstance(failure, TimeoutError) else str(failure)
-            text = f"server connection failed: {reason}"
-            self._login_failed(server, text, m.error_response(text, "08006", "FATAL"))
-
-    def _login_failed(self, server: ServerConnection, text: str, error: bytes) -> None:
-        """A server's connect or login failed: the pool's clients are told (see below)."""
-        if replication.is_dedicated(server):
-            replication.login_failed(self, server, text, error)  # its own client alone
-            return
-        pool = server.pool
-        # As PgBouncer logs it: an error the server sent with its severity (FATAL database "x"
-        # does not exist); the pooler's own (08P01, 08006: connect, TLS, protocol) as they are.
-        fields = m.parse_error_fields(error[5:])
-        severity = fields.get("S", "") if fields.get("C") not in ("08P01", "08006") else ""
-        log.warning("%r: server login failed: %s%s", server, f"{severity} " if severity else "",
-                    text)
-        pool.login_error = (error, self.now())
-        pool.stats.count_error("server_login_failed")
-        server.close(f"login failed: {text}")
-        self.server_closed(server, f"login failed: {text}")
-        if self.settings.pooler.log_disconnections:
-            log.info("%r: closing because: %s", server, text)  # PgBouncer's second line
-        if fields.get("C") == errors.CANNOT_CONNECT_NOW:
-            # "the database system is starting up" (or shutting down, in recovery): a
-            # moment's state, not a broken login. As PgBouncer, no one is failed for it; the
-            # queue waits for the next try, after server_login_retry.
-            return
-        # The clients waiting for this login get the server's own error; so do those queued
-        # when no server is left to serve them (they would wait query_wait_timeout for
-        # nothing: no login is tried again before server_login_retry).
-        stranded = list(pool.awaiting_params)
-        pool.awaiting_params.clear()
-        if not _has_usable_server(pool):
-            stranded += [client for client in pool.waiting if client.state is ClientState.WAITING]
-            pool.waiting.clear()
-        for client in stranded:
-            # "closing because: <the server's message>", logged before the client reads it.
-            transport = client.transport
-            if client.state is ClientState.CLOSED:
-                continue
-            self.client_closed(client, text)
-            if transport is not None:
-                transport.write(error)
-                transport.close()
-
     def server_logged_in(self, server: ServerConnection) -> None:
-        if replication.is_dedicated(server):
-            replication.server_logged_in(self, server)  # joined to its client, never pooled
-            return
-        pool = server.pool
-        pool.login_error = None
-        if pool.server_params is None:
-            pool.server_params = dict(server.params)
-        if self.settings.pooler.log_connections:
-            log.info("%r: new server connection", server)
-        waiting_for_params, pool.awaiting_params = pool.awaiting_params, []
-        for client in waiting_for_params:
-            if client.state is ClientState.WELCOME:
-                client.login.welcome(pool.server_params)
-        entry = self.settings.database(pool.database) or self.retired.get(pool.database)
-        if entry is not None and entry.connect_query:
-            # Before any client: its replies are hidden, the first client's requests follow.
-            hidden_queries.send_hidden_query(server, entry.connect_query)
-        linking.server_available(self, server)
+        server_logins.server_logged_in(self, server)
 
     def server_closed(self, server: ServerConnection, reason: str) -> None:
         """Forget a server that is gone; its client, if it had one, gets an error."""
@@ -608,21 +433,7 @@ class Pooler:
         self.launch_servers(pool)
 
     def login_failing(self, pool: Pool) -> PoolerError | None:
-        """The error for a client that needs a server while the pool's logins are failing
-        and it has none to serve with (PgBouncer 1.25): at once, rather than after
-        query_wait_timeout; None when the pool may serve."""
-        failed = pool.login_error
-        if failed is None or _has_usable_server(pool):
-            return None
-        if self.now() - failed[1] >= self.settings.pooler.server_login_retry:
-            return None
-        fields = m.parse_error_fields(failed[0][5:])
-        if fields.get("C") == errors.CANNOT_CONNECT_NOW:
-            return None  # passing (see _login_failed): wait for the next try instead
-        return PoolerError(
-            f"server login has been failing, cached error: {fields.get('M', '')} "
-            "(server_login_retry)"
-        )
+        return server_logins.login_failing(self, pool)
 
     def client_closed(self, client: ClientConnection, reason: str) -> None:
         if client.state is ClientState.CLOSED:
@@ -784,24 +595,3 @@ def _start_auth(client: ClientConnection, secret: str | None, auth_type: str,
     if auth_type == "trust" and secret is None and not known:
         raise PoolerError('"trust" authentication failed', side=errors.Side.CLIENT)
     client.login.start_auth(secret, auth_type)
-
-
-def _has_usable_server(pool: Pool) -> bool:
-    """Whether a server of the pool may still serve its queue: one that is not being
-    replaced (RECONNECT, a changed [databases] entry: `close_needed`), as PgBouncer counts
-    a dirty pool's servers as gone when a login fails (kill_pool_logins)."""
-    dirty = pool.close_needed
-    for group in (pool.idle, pool.active, pool.login, pool.being_canceled):
-        for server in group:
-            if server not in dirty and not replication.is_dedicated(server):
-                return True
-    return False
-
-
-def _connect_failure(failure: Exception) -> str:
-    """PgBouncer's words for a connect that failed before any byte was exchanged."""
-    if isinstance(failure, TimeoutError):
-        return "connect timeout"
-    if isinstance(failure, socket.gaierror):
-        return "server DNS lookup failed"
-    return "connect failed"
