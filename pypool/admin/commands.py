@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..observe.view import ADMIN_DB, database_entry
-from ..protocol import errors
 from ..protocol.errors import PoolerError
 from ..settings import SettingsError, replace_setting
 from .control import PoolerControl
@@ -35,10 +34,9 @@ ADMIN_DATABASES = (ADMIN_DB, "pypool")
 class AdminError(Exception):
     """A command refused; `message` is PgBouncer's text for the same refusal."""
 
-    def __init__(self, message: str, sqlstate: str = errors.PROTOCOL_VIOLATION) -> None:
+    def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-        self.sqlstate = sqlstate
 
 
 class InvalidCommand(Exception):
@@ -227,9 +225,11 @@ def reload(pooler: PoolerControl, arg: str) -> Reply:
     log.info("RELOAD command issued")
     if pooler.reload():
         return Done("RELOAD")
-    # As PgBouncer 1.25: an ERROR (config_file_error); what failed is in the log.
+    # PgBouncer 1.25's words, in a NOTICE: up to 1.24 RELOAD answered RELOAD whatever
+    # happened, and tools (PgBouncer's own 1.24 suite among them) expect that; 1.25 makes it
+    # an ERROR. The old configuration stays in force either way; the log says why.
     log.error("RELOAD failed, see logs for more details")
-    raise AdminError("RELOAD failed, see logs for additional details", errors.CONFIG_FILE_ERROR)
+    return Done("RELOAD", notice=RELOAD_FAILED)
 
 
 def shutdown(pooler: PoolerControl, arg: str) -> Reply:
@@ -247,6 +247,7 @@ def shutdown(pooler: PoolerControl, arg: str) -> Reply:
     return Done("SHUTDOWN", then=lambda: pooler.shutdown(how))
 
 
+RELOAD_FAILED = "RELOAD failed, see logs for additional details"
 # PgBouncer's NOTICE for a TLS key whose new value cannot be put to use yet.
 TLS_NOT_APPLIED = "TLS settings could not be applied, still using old configuration"
 
