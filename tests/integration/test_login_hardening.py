@@ -300,16 +300,20 @@ def _mutate(rng, data: bytes) -> bytes:  # type: ignore[no-untyped-def]
 def test_fuzzed_logins_leave_the_pooler_up_and_serving(pooler: Callable) -> None:
     """A few thousand mutated logins in under ten seconds: the pooler answers or closes each,
     never dies, never logs a traceback, and serves a normal client afterwards."""
+    import os
     import random
     import socket
     import time
 
     p = pooler({"client_login_timeout": "2"})
-    rng = random.Random(20261201)  # reproducible: the same inputs every run
+    # Reproducible: the same inputs every run. A longer campaign sets PYPOOL_FUZZ_SEED and
+    # PYPOOL_FUZZ_LOGINS (and a larger --timeout).
+    rng = random.Random(int(os.environ.get("PYPOOL_FUZZ_SEED", "20261201")))
+    logins = int(os.environ.get("PYPOOL_FUZZ_LOGINS", "3000"))
     corpus = _login_corpus()
     sent = 0
-    deadline = time.monotonic() + 7
-    while sent < 3000 and time.monotonic() < deadline:
+    deadline = time.monotonic() + 7 * max(1, logins / 3000)
+    while sent < logins and time.monotonic() < deadline:
         data = _mutate(rng, rng.choice(corpus))
         with socket.create_connection((p.host, p.port), timeout=2) as sock:
             try:
