@@ -512,6 +512,20 @@ def test_server_is_held_until_the_cancel_lands(postgres, pooler) -> None:
         proxy.close()
 
 
+def _cancel_a_short_query(postgres: EmbeddedPostgres, conn: psycopg.Connection[Any],
+                          marker: str) -> int:
+    """Run a 0.3 s query on `conn` and cancel it while it runs; the cancel is still held by
+    the proxy when the query ends on its own. Returns the backend pid it ran on."""
+    pid = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+    query = Query(conn, f"SELECT pg_sleep(0.3), 'a' /* {marker} */")
+    query.start()
+    assert wait_for(lambda: running(postgres, marker) == 1, 3)
+    conn.cancel_safe(timeout=5)
+    query.join(5)
+    assert query.error is None, query.error
+    return pid
+
+
 def test_reconnect_closes_a_server_parked_for_its_cancel(postgres, pooler) -> None:
     """RECONNECT while a server waits in being_canceled: when its cancel lands it is closed,
     not put back idle, and the next query runs on a new backend."""
@@ -520,13 +534,7 @@ def test_reconnect_closes_a_server_parked_for_its_cancel(postgres, pooler) -> No
         p = pooler(ini_overrides={"default_pool_size": "1", "query_wait_timeout": "30"},
                    databases={"app": f"host=127.0.0.1 port={proxy.port} dbname=app"})
         with connect(p.dsn()) as a, console(p) as admin:
-            old_pid = a.execute("SELECT pg_backend_pid()").fetchone()[0]
-            qa = Query(a, "SELECT pg_sleep(0.3), 'a' /* parked-reconnect-a */")
-            qa.start()
-            assert wait_for(lambda: running(postgres, "parked-reconnect-a") == 1, 3)
-            a.cancel_safe(timeout=5)
-            qa.join(5)
-            assert qa.error is None, qa.error
+            old_pid = _cancel_a_short_query(postgres, a, "parked-reconnect-a")
 
             def pool() -> dict[str, Any]:
                 return row(admin, "POOLS", database="app", user=APP_USER)
@@ -557,13 +565,7 @@ def test_a_cancel_that_does_not_land_in_cancel_wait_timeout_closes_its_server(
                                   "cancel_wait_timeout": "1"},
                    databases={"app": f"host=127.0.0.1 port={proxy.port} dbname=app"})
         with connect(p.dsn()) as a, console(p) as admin:
-            old_pid = a.execute("SELECT pg_backend_pid()").fetchone()[0]
-            qa = Query(a, "SELECT pg_sleep(0.3), 'a' /* late-cancel-a */")
-            qa.start()
-            assert wait_for(lambda: running(postgres, "late-cancel-a") == 1, 3)
-            a.cancel_safe(timeout=5)
-            qa.join(5)
-            assert qa.error is None, qa.error
+            old_pid = _cancel_a_short_query(postgres, a, "late-cancel-a")
             assert not proxy.cancels_forwarded
             assert wait_for(lambda: "cancel request failed: cancel_wait_timeout" in p.log(), 3)
 

@@ -103,18 +103,23 @@ def backend_pids(p: Pooler, count: int) -> list[int]:
         return [conn.execute("SELECT pg_backend_pid()").fetchone()[0] for _ in range(count)]
 
 
-@pytest.mark.parametrize(("policy", "distinct"), [
-    ("lifo", 1), ("fifo", 3), ("lru", 3), ("round_robin", 3)])
-def test_server_policy_spreads_or_concentrates(pooler: PoolerFactory, policy: str,
-                                               distinct: int) -> None:
-    p = pooler({"default_pool_size": "3", "server_policy": policy})
+def three_servers_released(p: Pooler) -> None:
+    """Three servers opened at once, then released in this order."""
     holders = [connect(p.dsn()) for _ in range(3)]
-    for conn in holders:  # three servers, released in this order
+    for conn in holders:
         conn.execute("BEGIN")
         conn.execute("SELECT 1")
     for conn in holders:
         conn.execute("COMMIT")
         conn.close()
+
+
+@pytest.mark.parametrize(("policy", "distinct"), [
+    ("lifo", 1), ("fifo", 3), ("lru", 3), ("round_robin", 3)])
+def test_server_policy_spreads_or_concentrates(pooler: PoolerFactory, policy: str,
+                                               distinct: int) -> None:
+    p = pooler({"default_pool_size": "3", "server_policy": policy})
+    three_servers_released(p)
     pids = backend_pids(p, 9)
     assert len(set(pids)) == distinct, pids
     if distinct == 3:  # each in turn: the same cycle three times
@@ -124,13 +129,7 @@ def test_server_policy_spreads_or_concentrates(pooler: PoolerFactory, policy: st
 def test_server_round_robin_uses_the_servers_in_turn(pooler: PoolerFactory) -> None:
     """PgBouncer's server_round_robin = 1: as server_policy = fifo."""
     p = pooler({"default_pool_size": "3", "server_round_robin": "1"})
-    holders = [connect(p.dsn()) for _ in range(3)]
-    for conn in holders:
-        conn.execute("BEGIN")
-        conn.execute("SELECT 1")
-    for conn in holders:
-        conn.execute("COMMIT")
-        conn.close()
+    three_servers_released(p)
     pids = backend_pids(p, 6)
     assert len(set(pids)) == 3 and pids[:3] == pids[3:], pids
 
