@@ -274,8 +274,8 @@ def set_param(pooler: PoolerControl, key: str, value: str, is_admin: bool) -> Re
     if key.strip().lower().startswith(("client_tls", "server_tls")):
         # The ini's parser checks one value; TLS needs the files and the other keys too, set
         # one SET at a time in any order. As PgBouncer: the value is kept (SHOW CONFIG shows
-        # it), the TLS in force stays, and the SET says so.
-        problem = pooler.tls_error(new)
+        # it), the TLS in force stays (apply_settings tried it), and the SET says so.
+        problem = pooler.tls_failure
         if problem is not None:
             log.warning("SET %s: TLS settings could not be applied (%s), still using the old "
                         "configuration", key, problem)

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from .server import ServerConnection
 
 
+# The flow-control switch is a base of the record, not of the Protocol beside it: compiled,
+# a class has at most one compiled base, and the Protocol's other base is asyncio's.
 class ClientRecord(ReadingSwitch):
     """One client's identity, link, clocks and per-transaction bookkeeping."""
 

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from .hooks import WireTrace
 
 
+# The flow-control switch is a base of the record, not of the Protocol beside it: compiled,
+# a class has at most one compiled base, and the Protocol's other base is asyncio's.
 class ServerRecord(ReadingSwitch):
     """One server's address, login, link, and the readers of its replies."""
 

@@ -142,17 +142,6 @@ def client_tls(cfg: PoolerSettings) -> ClientTls:
     return ClientTls(mode, ctx, _binding_of(cfg.client_tls_cert_file), curve)
 
 
-def check(cfg: PoolerSettings) -> str | None:
-    """Why the TLS settings in `cfg` cannot be used (a missing file, a mode without the keys
-    it needs), or None: what a SET or a RELOAD checks before anything changes."""
-    try:
-        client_tls(cfg)
-        server_tls(cfg)
-    except SettingsError as exc:
-        return str(exc)
-    return None
-
-
 def server_tls(cfg: PoolerSettings) -> ServerTls:
     """The server-side context the settings describe; SettingsError naming the key."""
     mode = cfg.server_tls_sslmode
@@ -298,7 +287,8 @@ class Tls:
         self.client = client_tls(cfg)
         self.server = server_tls(cfg)
         self._server_values = _values(cfg, _SERVER_KEYS)
-        self.failed = False  # the last reload could not set TLS up (the old is in force)
+        # Why the last reload could not set TLS up (the old contexts stay in force), or None.
+        self.failure: str | None = None
         # (side, outcome) -> count: side "client" or "server", outcome "ok" or "failed".
         self.handshakes: dict[tuple[str, str], int] = {
             (side, outcome): 0 for side in ("client", "server") for outcome in ("ok", "failed")
@@ -314,9 +304,9 @@ class Tls:
             server = server_tls(cfg)
         except SettingsError as exc:
             log.error("TLS setup failed: %s; keeping the TLS configuration in force", exc)
-            self.failed = True
+            self.failure = str(exc)
             return False
-        self.failed = False
+        self.failure = None
         self.client = client
         was_on = self.server.context is not None
         old, self.server = self._server_values, server

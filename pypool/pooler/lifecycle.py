@@ -113,7 +113,7 @@ def reread(pooler: Pooler) -> bool:
         return False
     apply_settings(pooler, new)
     log.info("configuration reloaded from %s", new.path)
-    if pooler.tls.failed:
+    if pooler.tls.failure is not None:
         log.error("TLS configuration could not be reloaded, keeping old configuration")
         return False
     return True

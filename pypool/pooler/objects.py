@@ -45,7 +45,7 @@ from ..net.hooks import (
     WireTrace,
 )
 from ..net.server import ServerConnection
-from ..net.tls import Tls, check
+from ..net.tls import Tls
 from ..net.unix_socket import UnixSocket
 from ..pooling import session_state as ss
 from ..pooling.client_limits import ClientCounts
@@ -56,7 +56,7 @@ from ..pooling.stats import StatsPeriods
 from ..protocol import cancel_key, errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
-from ..settings import DatabaseEntry, PoolerSettings, Settings
+from ..settings import DatabaseEntry, Settings
 from . import (
     auth_database,
     cancel,
@@ -567,9 +567,10 @@ class Pooler:
     def apply_settings(self, new: Settings) -> None:
         lifecycle.apply_settings(self, new)
 
-    def tls_error(self, cfg: PoolerSettings) -> str | None:
-        """Why TLS could not run with `cfg` (net/tls.py `check`), or None."""
-        return check(cfg)
+    @property
+    def tls_failure(self) -> str | None:
+        """Why the last settings applied could not set TLS up (net/tls.py), or None."""
+        return self.tls.failure
 
     def trace_client(self, target: str, on: bool) -> int:
         """The console's TRACE (pooler/tracing.py): clients traced now."""

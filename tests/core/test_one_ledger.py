@@ -25,6 +25,7 @@ from pypool.core.replies import ReplyReader
 from pypool.pooling.pool import PoolStats
 from pypool.pooling.prepared import ClientStatements, ServerStatements
 from pypool.pooling.prepared.registry import Registry
+from pypool.protocol import messages as m
 from pypool.protocol.framing import MessageBuffer
 
 pytestmark = pytest.mark.timeout(120)
@@ -276,7 +277,7 @@ def test_a_queue_left_waiting_when_the_ledger_is_done_closes_the_server() -> Non
     link = Link()
     link.client_sends(parse("s", "SELECT 1") + bind("s") + EXECUTE + SYNC)
     assert link.st.queue and link.ledger.pending == 1
-    link.ledger.request(0x53)  # a second Sync counted by the ledger alone
+    link.ledger.request(m.SYNC)  # a second Sync counted by the ledger alone
     link.ledger.ready()
     assert bk.after_ready(link.ledger, ord("I"), "transaction", False, False,
                           len(link.st.queue)) == bk.CLOSE_DISAGREE
