@@ -18,7 +18,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from pypool.embedded import EmbeddedPostgres
 from tests.admin.console_client import console
 from tests.conftest import ADMIN_PASSWORD, ADMIN_USER, PoolerFactory
 from tests.integration.app_client import connect
-from tests.integration.polling import wait_for
+from tests.integration.polling import sampling, wait_for
 from tests.integration.tls_ca import Certificates, certs  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.timeout(60)
@@ -85,26 +84,6 @@ def with_replication_database(pooler: PoolerFactory, postgres: EmbeddedPostgres)
     server = f"host={postgres.host} port={postgres.port}"
     databases = {"app": f"{server} dbname=app", "replication": f"{server} dbname=replication"}
     return pooler(ini_overrides={"tcp_socket_buffer": "4096"}, databases=databases)
-
-
-@contextmanager
-def sampling_walsenders(postgres: EmbeddedPostgres) -> Iterator[list[int]]:
-    """Sample the walsender count in a thread; yields the samples taken so far."""
-    samples: list[int] = []
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.is_set():
-            samples.append(walsenders(postgres))
-            time.sleep(0.02)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield samples
-    finally:
-        stop.set()
-        thread.join(5)
 
 
 def test_logical_replication_client_gets_its_own_walsender(
@@ -198,7 +177,7 @@ def test_replication_servers_count_against_pool_size(
 
     threads = [threading.Thread(target=sleeper) for _ in range(5)]
     started = time.monotonic()
-    with sampling_walsenders(postgres) as samples:
+    with sampling(lambda: walsenders(postgres)) as samples:
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -292,20 +271,16 @@ def test_reconnect_and_kill_end_replication_sessions_at_once(
         pooler: PoolerFactory, postgres: EmbeddedPostgres) -> None:
     p = pooler()
     dsn = p.dsn("app", ADMIN_USER, ADMIN_PASSWORD)
-    with replication(dsn, "database") as conn, console(p) as admin:
-        simple(conn, "IDENTIFY_SYSTEM")
-        admin.execute("RECONNECT app")
-        # Never released, so never replaced at a release: closed now.
-        assert wait_for(lambda: walsenders(postgres) == 0, 5)
-        with pytest.raises(psycopg.OperationalError):
+    # Never released, so never replaced at a release: closed now, by either command.
+    for command in ("RECONNECT app", "KILL app"):
+        with replication(dsn, "database") as conn, console(p) as admin:
             simple(conn, "IDENTIFY_SYSTEM")
-    with replication(dsn, "database") as conn, console(p) as admin:
-        simple(conn, "IDENTIFY_SYSTEM")
-        admin.execute("KILL app")
-        assert wait_for(lambda: walsenders(postgres) == 0, 5)
-        with pytest.raises(psycopg.OperationalError):
-            simple(conn, "IDENTIFY_SYSTEM")
-        admin.execute("RESUME app")
+            admin.execute(command)
+            assert wait_for(lambda: walsenders(postgres) == 0, 5), command
+            with pytest.raises(psycopg.OperationalError):
+                simple(conn, "IDENTIFY_SYSTEM")
+            if command.startswith("KILL"):
+                admin.execute("RESUME app")  # KILL leaves the database paused
     with replication(dsn, "database") as conn:
         assert len(simple(conn, "IDENTIFY_SYSTEM")) == 1
     assert "Traceback" not in p.log(), p.log()
