@@ -285,6 +285,14 @@ def login_failed(pooler: Pooler, server: ServerConnection, text: str, error: byt
 # --- the end of a pair ----------------------------------------------------------------------
 
 
+def _unjoin(state: Replication, pipe: ReplicationPipe) -> None:
+    """Forget a joined pair, from either end: neither is linked to the other any more."""
+    state.pipes.pop(pipe.client, None)
+    state.pipes.pop(pipe.server, None)
+    pipe.client.server = None
+    pipe.server.link(None)
+
+
 def client_closed(pooler: Pooler, client: ClientConnection) -> None:
     """The client is going (Pooler.client_closed, before it looks at the client's server):
     its dedicated server goes too, and is never handed on."""
@@ -294,18 +302,18 @@ def client_closed(pooler: Pooler, client: ClientConnection) -> None:
         queue = state.queues.get(pool)
         if queue is not None and client in queue:
             queue.remove(client)
+            if not queue:
+                del state.queues[pool]  # so that in_use() is false again
     server = state.pending_for.pop(client, None)
     if server is not None:
         state.pending.pop(server, None)
         server.close(CLIENT_GONE)
         return
-    pipe = state.pipes.pop(client, None)
+    pipe = state.pipes.get(client)
     if pipe is None:
         return
     server = pipe.server
-    state.pipes.pop(server, None)
-    client.server = None
-    server.link(None)
+    _unjoin(state, pipe)
     server.close_reason = server.close_reason or CLIENT_GONE
     pipe.close_server()  # the client's transport is closed by whoever closes the client
 
@@ -323,13 +331,11 @@ def server_closed(pooler: Pooler, server: ServerConnection, reason: str) -> None
             assert client.pool is not None
             state.queues.setdefault(client.pool, deque()).appendleft(client)
         return  # else its login failed: login_failed tells the client
-    pipe = state.pipes.pop(server, None)
+    pipe = state.pipes.get(server)
     if pipe is None:
         return
     client = pipe.client
-    state.pipes.pop(client, None)
-    client.server = None
-    server.link(None)
+    _unjoin(state, pipe)
     pipe.close()
     if client.state is not ClientState.CLOSED:
         pooler.client_closed(client, f"server closed the connection ({reason})"

@@ -309,7 +309,9 @@ def test_replication_client_waits_for_a_busy_pool(
         released = time.monotonic()
         plain.execute("COMMIT")
         waiter.join(10)
-    assert got and got[0] - released < 1  # the freed server was closed to make room
+    # Served soon after the release (the freed server, or the janitor evicting it;
+    # test_replication_client_keeps_its_place_in_line checks which).
+    assert got and got[0] - released < 1
     assert wait_for(lambda: "closing because: replication client disconnected" in p.log(), 5)
 
 
@@ -362,7 +364,7 @@ def test_pg_basebackup_over_client_tls(
                              "--pgdata", str(target), "--checkpoint=fast", "-X", "stream",
                              "--no-sync"], stderr=subprocess.PIPE)
     try:
-        _, err = proc.communicate(timeout=45)
+        _, err = proc.communicate(timeout=30)  # inside the test timeout: the state prints
     except subprocess.TimeoutExpired:
         # What the walsenders were doing, for whoever reads the failure.
         senders = postgres.execute(
