@@ -9,7 +9,9 @@ what it reads to the other transport as it came, and pauses reading its own side
 other side's socket buffer is full (a slow pg_receivewal makes the walsender wait instead
 of the pooler buffering WAL). When either side goes, the pipe tells the pooler once
 of each side's close (`on_lost`) and closes the other side after what was written to it
-has gone out.
+has gone out. The client's Terminate counts as the client going (`terminated`): it is
+passed on, so the walsender ends cleanly, and the pair is closed from the client's side
+then, not whenever the walsender's close or the client's happens to be seen first.
 
 It owns the two transports' reading from the switch on, and nothing else: the connection
 objects stay the pooler's, for SHOW CLIENTS/SERVERS, cancel and the counts.
@@ -20,6 +22,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from ..protocol.replication import TerminateWatch
 
 if TYPE_CHECKING:
     from ..pooling.pool import PoolStats
@@ -41,12 +45,21 @@ class PipeEnd(asyncio.Protocol):
         self.other: PipeEnd | None = None
         self.lost = False
         self.reading_paused = False  # by the other side's back-pressure
+        self.watch = TerminateWatch() if side == CLIENT else None
 
     def data_received(self, data: bytes) -> None:
         other = self.other
-        if other is not None and not other.lost:
-            other.own.write(data)
-            self.pipe.count(self.side, len(data))
+        if self.lost or other is None or other.lost:
+            return
+        end = self.watch.end_of_terminate(data) if self.watch is not None else -1
+        if end >= 0:
+            data = data[:end]
+        other.own.write(data)
+        self.pipe.count(self.side, len(data))
+        if end >= 0:  # the client is leaving: the pair closes from its side
+            self.pipe.terminated = True
+            self.pipe.end_lost(self, None)
+            self.lost = True
 
     def eof_received(self) -> bool:
         return False  # close: a half-closed replication connection serves nobody
@@ -81,6 +94,7 @@ class ReplicationPipe:
         self.on_lost = on_lost
         self.client_end: PipeEnd | None = None
         self.server_end: PipeEnd | None = None
+        self.terminated = False  # the client sent Terminate
 
     def start(self, held: bytes) -> None:
         """Take both transports over; `held` is what the client sent before its welcome,
@@ -104,8 +118,7 @@ class ReplicationPipe:
         if server.writing_paused:
             server_end.pause_writing()
         if held:
-            server.transport.write(held)
-            self.count(CLIENT, len(held))
+            client_end.data_received(held)
 
     def count(self, side: str, size: int) -> None:
         if side == CLIENT:

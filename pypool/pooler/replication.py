@@ -347,7 +347,8 @@ def _pipe_lost(pooler: Pooler, pipe: ReplicationPipe, side: str) -> None:
     bookkeeping for that side; the hooks above take care of its partner."""
     if side == CLIENT:
         if pipe.client.state is not ClientState.CLOSED:
-            pooler.client_closed(pipe.client, "client closed the connection")
+            pooler.client_closed(pipe.client, "client sent Terminate" if pipe.terminated
+                                 else "client closed the connection")
     elif pipe.server.state is not ServerState.CLOSED:
         pooler.server_closed(pipe.server, pipe.server.close_reason
                              or "server closed the connection")

@@ -20,6 +20,7 @@ from typing import Final
 
 from . import errors
 from .errors import PoolerError
+from .messages import TERMINATE
 
 # What SHOW CLIENTS and SHOW SERVERS say in their `replication` column (PgBouncer's words).
 NONE: Final = "none"
@@ -96,3 +97,47 @@ def server_startup(replication: str, client_startup: dict[str, str],
         startup["options"] = options
     startup["replication"] = _SERVER_VALUE[replication]
     return startup
+
+
+class TerminateWatch:
+    """Where a replication client's messages begin, to find its Terminate among them.
+
+    The pipe (net/replication_pipe.py) passes the client's bytes on as they come; this
+    follows only the framing (a type byte, a length that counts itself) across the chunks,
+    so that the pipe sees the client's Terminate as the client leaving ("client sent
+    Terminate"), whichever of the two sockets the loop then sees close first. A length
+    below 4 is PostgreSQL's to refuse: the watch stops looking and the bytes still go on.
+    """
+
+    def __init__(self) -> None:
+        self._header = bytearray()  # a message header split across chunks
+        self._body_left = 0  # bytes of the current message's body still to come
+        self._lost = False  # a bad length: the framing is PostgreSQL's problem now
+
+    def end_of_terminate(self, data: bytes) -> int:
+        """The offset just past a Terminate in `data`, or -1 when there is none."""
+        if self._lost:
+            return -1
+        size = len(data)
+        at = 0
+        while at < size:
+            if self._body_left:
+                step = min(self._body_left, size - at)
+                self._body_left -= step
+                at += step
+                continue
+            need = 5 - len(self._header)
+            self._header += data[at:at + need]
+            at += min(need, size - at)
+            if len(self._header) < 5:
+                return -1
+            length = int.from_bytes(self._header[1:5], "big")
+            kind = self._header[0]
+            self._header.clear()
+            if length < 4:
+                self._lost = True
+                return -1
+            if kind == TERMINATE:
+                return at
+            self._body_left = length - 4
+        return -1

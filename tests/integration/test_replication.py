@@ -13,6 +13,7 @@ replication logins fail at the server.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import threading
@@ -312,7 +313,9 @@ def test_replication_client_waits_for_a_busy_pool(
     # Served soon after the release (the freed server, or the janitor evicting it;
     # test_replication_client_keeps_its_place_in_line checks which).
     assert got and got[0] - released < 1
+    # The client's Terminate is its leaving, whichever socket is then seen closing first.
     assert wait_for(lambda: "closing because: replication client disconnected" in p.log(), 5)
+    assert "closing because: client sent Terminate" in p.log()
 
 
 def test_replication_client_keeps_its_place_in_line(
@@ -360,19 +363,28 @@ def test_pg_basebackup_over_client_tls(
     target = tmp_path / "base"
     dsn = (f"host=localhost port={p.port} user={ADMIN_USER} password={ADMIN_PASSWORD}"
            f" sslmode=verify-full sslrootcert={certs.ca.root}")
+    # Its own process group: with -X stream a child streams the WAL, and a hang must kill both.
     proc = subprocess.Popen([tool(postgres, "pg_basebackup"), "--dbname", dsn,
                              "--pgdata", str(target), "--checkpoint=fast", "-X", "stream",
-                             "--no-sync"], stderr=subprocess.PIPE)
+                             "--no-sync", "--verbose"], stderr=subprocess.PIPE,
+                            start_new_session=True)
     try:
         _, err = proc.communicate(timeout=30)  # inside the test timeout: the state prints
     except subprocess.TimeoutExpired:
-        # What the walsenders were doing, for whoever reads the failure.
+        # What each side was doing, for whoever reads the failure.
         senders = postgres.execute(
             "SELECT pid, state, wait_event, left(query, 60) FROM pg_stat_activity"
             " WHERE backend_type = 'walsender'")
-        proc.kill()
-        proc.communicate()
-        pytest.fail(f"pg_basebackup hung; walsenders: {senders}\n{p.log()[-3000:]}")
+        replication = postgres.execute(
+            "SELECT pid, state, sent_lsn, write_lsn, flush_lsn FROM pg_stat_replication")
+        with console(p) as admin:
+            clients = admin.execute("SHOW CLIENTS").fetchall()
+            servers = admin.execute("SHOW SERVERS").fetchall()
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        pytest.fail(f"pg_basebackup hung; walsenders: {senders}; replication: {replication};"
+                    f" clients: {clients}; servers: {servers}\n{err.decode()[-2000:]}\n"
+                    f"{p.log()[-3000:]}")
     assert proc.returncode == 0, err.decode()
     assert (target / "PG_VERSION").exists()
     assert "replication=yes" in p.log() and "tls=TLSv1.3/" in p.log()

@@ -49,3 +49,40 @@ def test_the_dedicated_servers_startup() -> None:
                        "options": "-c wal_sender_timeout=0", "replication": "true"}
     logical = rep.server_startup(rep.LOGICAL, {"replication": "database"}, {}, {})
     assert logical == {"replication": "database"}
+
+
+# --- TerminateWatch: the client's Terminate found in the bytes the pipe passes on -----------
+
+STATUS_UPDATE = b"d" + (38).to_bytes(4, "big") + b"r" + bytes(33)  # a standby status update
+TERMINATE = b"X\x00\x00\x00\x04"
+
+
+@pytest.mark.timeout(10)
+def test_terminate_found_after_whole_messages() -> None:
+    data = STATUS_UPDATE + b"c\x00\x00\x00\x04" + TERMINATE
+    assert rep.TerminateWatch().end_of_terminate(data) == len(data)
+
+
+@pytest.mark.timeout(10)
+def test_terminate_found_one_byte_at_a_time() -> None:
+    data = STATUS_UPDATE + TERMINATE
+    watch = rep.TerminateWatch()
+    found = [at for at in range(len(data)) if watch.end_of_terminate(data[at:at + 1]) >= 0]
+    assert found == [len(data) - 1]  # the Terminate's last byte, and nothing before
+
+
+@pytest.mark.timeout(10)
+def test_an_x_inside_a_body_is_not_a_terminate() -> None:
+    body = b"X\x00\x00\x00\x04" * 6 + b"r" + bytes(3)
+    data = b"d" + (4 + len(body)).to_bytes(4, "big") + body
+    watch = rep.TerminateWatch()
+    assert watch.end_of_terminate(data[:7]) == -1
+    assert watch.end_of_terminate(data[7:]) == -1
+    assert watch.end_of_terminate(TERMINATE) == len(TERMINATE)
+
+
+@pytest.mark.timeout(10)
+def test_a_bad_length_stops_the_watch() -> None:
+    watch = rep.TerminateWatch()
+    assert watch.end_of_terminate(b"d\x00\x00\x00\x02") == -1
+    assert watch.end_of_terminate(TERMINATE) == -1  # the framing is lost: bytes pass on
