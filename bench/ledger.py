@@ -430,10 +430,14 @@ class Tally:
 
 
 def _xid_reused(attempt: Attempt, tally: Tally, status: str | None, present: bool) -> bool:
-    """An ambiguous transfer in flight when PostgreSQL crashed: its xid was never made
-    durable, so the restarted cluster may have given it to a new transaction, whose commit
-    pg_xact_status then reports. Not a disagreement of the pooler's."""
-    return (attempt.outcome is Outcome.AMBIGUOUS and attempt.epoch < tally.faults.restarts
+    """A transfer that never committed (ambiguous, killed or failed) and began before
+    PostgreSQL crashed: if its xid was never made durable (its WAL still in shared buffers
+    when the crash came), the restarted cluster may have given the xid to a new transaction,
+    whose commit pg_xact_status then reports while the transfer's own row is absent. Not a
+    disagreement of the pooler's. (Seen for a client killed a moment before the crash, on a
+    loaded machine.) A transfer begun after the last restart has an xid of its own."""
+    return (attempt.outcome is not Outcome.ACKNOWLEDGED
+            and attempt.epoch < tally.faults.restarts
             and status == "committed" and not present)
 
 

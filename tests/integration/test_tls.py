@@ -434,3 +434,78 @@ def test_cancel_inside_tls_and_in_plaintext(pooler: Callable[..., Pooler],
             finally:
                 timer.cancel()
             assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+class RecordWatchingTls:
+    """A TLS client socket over memory BIOs that notes the length of each record as it
+    comes off the wire (the record header is in the clear), for RawClient's `sock`."""
+
+    def __init__(self, sock: Any, root: Path) -> None:
+        context = ssl.create_default_context(cafile=str(root))
+        self.raw = sock
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = context.wrap_bio(self.incoming, self.outgoing, server_hostname="localhost")
+        self.unparsed = b""
+        self.data_records: list[int] = []  # lengths of application-data records (type 23)
+        while True:
+            try:
+                self.tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self._flush()
+                self._receive()
+        self._flush()
+
+    def _flush(self) -> None:
+        data = self.outgoing.read()
+        if data:
+            self.raw.sendall(data)
+
+    def _receive(self) -> None:
+        chunk = self.raw.recv(65536)
+        if not chunk:
+            raise EOFError("the pooler closed the connection")
+        self.unparsed += chunk
+        while len(self.unparsed) >= 5:
+            length = int.from_bytes(self.unparsed[3:5], "big")
+            if len(self.unparsed) < 5 + length:
+                break
+            if self.unparsed[0] == 23:
+                self.data_records.append(length)
+            self.unparsed = self.unparsed[5 + length:]
+        self.incoming.write(chunk)
+
+    def sendall(self, data: bytes) -> None:
+        self.tls.write(data)
+        self._flush()
+
+    def recv(self, size: int) -> bytes:
+        while True:
+            try:
+                return self.tls.read(size)
+            except ssl.SSLWantReadError:
+                self._flush()
+                self._receive()
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def test_records_to_clients_carry_at_most_8_kib(pooler: Callable[..., Pooler],
+                                                certs: Certificates) -> None:
+    # PostgreSQL's records are at most its 8 KiB send buffer, and libpq relies on it: a
+    # larger record's tail can stay inside the client's OpenSSL while libpq waits on the
+    # socket (pg_basebackup -X stream hung so at the end of its WAL stream).
+    p = pooler(tls_settings(certs, auth_type="trust"))
+    with RawClient(p.host, p.port) as raw:
+        raw.send(SSL_REQUEST)
+        assert raw.read_bytes(1) == b"S"
+        watched = RecordWatchingTls(raw.sock, certs.ca.root)
+        raw.sock = watched  # type: ignore[assignment]
+        assert raw.login(APP_USER, "app").error is None
+        rows, tag, _ = raw.simple_query("SELECT repeat('x', 300000)")
+        assert tag == "SELECT 1" and rows == [["x" * 300000]]
+    # 300 KB went by; each record's ciphertext is its plaintext, the inner content type
+    # and the 16-byte tag of TLS 1.3's AEAD.
+    assert sum(watched.data_records) > 300000
+    assert max(watched.data_records) <= 8192 + 17, sorted(watched.data_records)[-5:]
