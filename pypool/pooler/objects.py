@@ -254,6 +254,9 @@ class Pooler:
     def evict_idle(self, pool: Pool, same_db: bool, same_user: bool) -> bool:
         return server_logins.evict_idle(self, pool, same_db, same_user)
 
+    def cap_room(self, pool: Pool, entry: DatabaseEntry) -> tuple[int | None, int | None]:
+        return server_logins.cap_room(self, pool, entry)
+
     def entry_startup(self, entry: DatabaseEntry) -> dict[str, str]:
         return server_logins.entry_startup(self, entry)
 

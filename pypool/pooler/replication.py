@@ -163,13 +163,8 @@ def _room(pooler: Pooler, pool: Pool, entry: DatabaseEntry) -> bool:
     """Whether one more server fits the pool and the database's and user's caps."""
     if pool.server_count >= pool.limits.pool_size:
         return False
-    cfg = pooler.settings.pooler
-    max_db = entry.max_db_connections or cfg.max_db_connections
-    if max_db and pooler.servers_per_db.get(pool.database, 0) >= max_db:
-        return False
-    user_entry = pooler.settings.users.get(pool.user)
-    max_user = (user_entry and user_entry.max_user_connections) or cfg.max_user_connections
-    return not (max_user and pooler.servers_per_user.get(pool.user, 0) >= max_user)
+    room_db, room_user = pooler.cap_room(pool, entry)
+    return (room_db is None or room_db > 0) and (room_user is None or room_user > 0)
 
 
 def _evict(pooler: Pooler, pool: Pool, entry: DatabaseEntry) -> bool:
@@ -184,13 +179,9 @@ def _evict(pooler: Pooler, pool: Pool, entry: DatabaseEntry) -> bool:
         return True
     if pool.server_count >= pool.limits.pool_size:
         return False
-    cfg = pooler.settings.pooler
-    user_entry = pooler.settings.users.get(pool.user)
-    max_db = entry.max_db_connections or cfg.max_db_connections
-    max_user = (user_entry and user_entry.max_user_connections) or cfg.max_user_connections
-    same_db = bool(max_db) and pooler.servers_per_db.get(pool.database, 0) >= max_db
-    same_user = bool(max_user) and pooler.servers_per_user.get(pool.user, 0) >= max_user
-    return pooler.evict_idle(pool, same_db=same_db, same_user=same_user)
+    room_db, room_user = pooler.cap_room(pool, entry)
+    return pooler.evict_idle(pool, same_db=room_db is not None and room_db <= 0,
+                             same_user=room_user is not None and room_user <= 0)
 
 
 def _open_for(pooler: Pooler, pool: Pool, entry: DatabaseEntry,
@@ -250,9 +241,11 @@ def server_logged_in(pooler: Pooler, server: ServerConnection) -> None:
     pooler.launch_servers(pool)
 
 
-def login_failed(pooler: Pooler, server: ServerConnection, text: str, error: bytes) -> None:
-    """The dedicated server's connect or login failed: its client alone is told, "login
-    failed"; the server's error goes to the log. No login error is cached for the pool."""
+def login_failed(pooler: Pooler, server: ServerConnection, text: str,
+                 fields: dict[str, str]) -> None:
+    """The dedicated server's connect or login failed (server_logins.login_failed has
+    logged and counted it; `fields` are its error's): its client alone is told, "login
+    failed". No login error is cached for the pool."""
     state = pooler.replication
     client = state.pending.pop(server, None)
     if client is not None:
@@ -261,11 +254,6 @@ def login_failed(pooler: Pooler, server: ServerConnection, text: str, error: byt
     pooler.server_closed(server, f"{LOGIN_FAILED}: {text}")
     if client is None:
         return  # its client left first, and closed it
-    fields = m.parse_error_fields(error[5:])
-    severity = fields.get("S", "") if fields.get("C") not in ("08P01", "08006") else ""
-    log.warning("%r: server login failed: %s%s", server, f"{severity} " if severity else "",
-                text)
-    server.pool.stats.count_error("server_login_failed")
     cfg = pooler.settings.pooler
     if cfg.log_disconnections:
         log.info("%r: closing because: %s (age=%ds)", server, LOGIN_FAILED,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from ..core.server_login import ServerLoginError
 from ..core.states import ClientState, ServerState
@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pypool")
 
+# Room under a cap that is not set.
+NO_CAP: Final = 1 << 30
+
 
 def launch_servers(pooler: Pooler, pool: Pool) -> None:
     """Open the servers `pool` needs now, as the module docstring says."""
@@ -55,14 +58,10 @@ def launch_servers(pooler: Pooler, pool: Pool) -> None:
     entry = pooler.settings.database(pool.database) or pooler.retired.get(pool.database)
     if entry is None:
         return
-    room_db = room_user = 1 << 30
-    max_db = entry.max_db_connections or cfg.max_db_connections
-    if max_db:
-        room_db = max_db - pooler.servers_per_db.get(pool.database, 0)
-    user_entry = pooler.settings.users.get(pool.user)
-    max_user = (user_entry and user_entry.max_user_connections) or cfg.max_user_connections
-    if max_user:
-        room_user = max_user - pooler.servers_per_user.get(pool.user, 0)
+    capped_db, capped_user = cap_room(pooler, pool, entry)
+    max_db, max_user = capped_db is not None, capped_user is not None
+    room_db = NO_CAP if capped_db is None else capped_db
+    room_user = NO_CAP if capped_user is None else capped_user
     oldest = pool.waiting[0].wait_start if pool.waiting else None
     lined = 0
     if cfg.pipeline_depth:
@@ -73,14 +72,14 @@ def launch_servers(pooler: Pooler, pool: Pool) -> None:
                 if oldest is None or client.wait_start < oldest:
                     oldest = client.wait_start
     if (max_db or max_user) and oldest is None and not pool.awaiting_params and (
-            _starving(pooler, pool, bool(max_db), bool(max_user))):
+            _starving(pooler, pool, max_db, max_user)):
         # Only min_pool_size wants servers here, and a pool sharing the cap has clients
         # waiting: the room is theirs (refilling here would take it back from them each
         # time an idle server is evicted for them, and they would wait forever).
         return
     wanted = pool.servers_wanted(now, oldest, room_db, room_user, lined)
     if not wanted and min(room_db, room_user) <= 0 and pool.servers_wanted(
-        now, oldest, 1 << 30, 1 << 30, lined
+        now, oldest, NO_CAP, NO_CAP, lined
     ):
         # Only max_db_connections / max_user_connections stand in the way: as PgBouncer
         # (evict_connection), close another pool's idle server to make room, or an idle
@@ -90,6 +89,22 @@ def launch_servers(pooler: Pooler, pool: Pool) -> None:
         return
     for _ in range(wanted):
         _open_server(pooler, pool, entry)
+
+
+def cap_room(pooler: Pooler, pool: Pool, entry: DatabaseEntry) -> tuple[int | None, int | None]:
+    """How many more servers the database's and the user's caps allow (max_db_connections
+    and max_user_connections, the entry's or the global one; 0 or less: full), None where
+    there is no cap. Every server of the pools they cover counts, dedicated ones too."""
+    cfg = pooler.settings.pooler
+    room_db = room_user = None
+    max_db = entry.max_db_connections or cfg.max_db_connections
+    if max_db:
+        room_db = max_db - pooler.servers_per_db.get(pool.database, 0)
+    user_entry = pooler.settings.users.get(pool.user)
+    max_user = (user_entry and user_entry.max_user_connections) or cfg.max_user_connections
+    if max_user:
+        room_user = max_user - pooler.servers_per_user.get(pool.user, 0)
+    return room_db, room_user
 
 
 def _starving(pooler: Pooler, pool: Pool, same_db: bool, same_user: bool) -> bool:
@@ -181,18 +196,18 @@ async def _connect(pooler: Pooler, server: ServerConnection, entry: DatabaseEntr
 
 def login_failed(pooler: Pooler, server: ServerConnection, text: str, error: bytes) -> None:
     """A server's connect or login failed: the pool's clients are told (see below)."""
-    if replication.is_dedicated(server):
-        replication.login_failed(pooler, server, text, error)  # its own client alone
-        return
-    pool = server.pool
     # As PgBouncer logs it: an error the server sent with its severity (FATAL database "x"
     # does not exist); the pooler's own (08P01, 08006: connect, TLS, protocol) as they are.
     fields = m.parse_error_fields(error[5:])
     severity = fields.get("S", "") if fields.get("C") not in ("08P01", "08006") else ""
     log.warning("%r: server login failed: %s%s", server, f"{severity} " if severity else "",
                 text)
-    pool.login_error = (error, pooler.now())
+    pool = server.pool
     pool.stats.count_error("server_login_failed")
+    if replication.is_dedicated(server):
+        replication.login_failed(pooler, server, text, fields)  # its own client alone
+        return
+    pool.login_error = (error, pooler.now())
     server.close(f"login failed: {text}")
     pooler.server_closed(server, f"login failed: {text}")
     if pooler.settings.pooler.log_disconnections:
