@@ -196,6 +196,10 @@ async def _connect(pooler: Pooler, server: ServerConnection, entry: DatabaseEntr
 
 def login_failed(pooler: Pooler, server: ServerConnection, text: str, error: bytes) -> None:
     """A server's connect or login failed: the pool's clients are told (see below)."""
+    if replication.is_dedicated(server) and server not in pooler.replication.pending:
+        # Its replication client left during the login and closed it: nothing failed.
+        replication.login_failed(pooler, server, text, {})
+        return
     # As PgBouncer logs it: an error the server sent with its severity (FATAL database "x"
     # does not exist); the pooler's own (08P01, 08006: connect, TLS, protocol) as they are.
     fields = m.parse_error_fields(error[5:])

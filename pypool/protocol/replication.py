@@ -137,7 +137,7 @@ class TerminateWatch:
             if length < 4:
                 self._lost = True
                 return -1
-            if kind == TERMINATE:
+            if kind == TERMINATE and length == 4:
                 return at
-            self._body_left = length - 4
+            self._body_left = length - 4  # a longer 'X' is PostgreSQL's to refuse
         return -1

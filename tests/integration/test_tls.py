@@ -440,8 +440,10 @@ class RecordWatchingTls:
     """A TLS client socket over memory BIOs that notes the length of each record as it
     comes off the wire (the record header is in the clear), for RawClient's `sock`."""
 
-    def __init__(self, sock: Any, root: Path) -> None:
+    def __init__(self, sock: Any, root: Path, alpn: bool = False) -> None:
         context = ssl.create_default_context(cafile=str(root))
+        if alpn:
+            context.set_alpn_protocols(["postgresql"])  # direct TLS must name it
         self.raw = sock
         self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         self.tls = context.wrap_bio(self.incoming, self.outgoing, server_hostname="localhost")
@@ -491,16 +493,19 @@ class RecordWatchingTls:
         self.raw.close()
 
 
+@pytest.mark.parametrize("start", ["sslrequest", "direct"])
 def test_records_to_clients_carry_at_most_8_kib(pooler: Callable[..., Pooler],
-                                                certs: Certificates) -> None:
+                                                certs: Certificates, start: str) -> None:
     # PostgreSQL's records are at most its 8 KiB send buffer, and libpq relies on it: a
     # larger record's tail can stay inside the client's OpenSSL while libpq waits on the
-    # socket (pg_basebackup -X stream hung so at the end of its WAL stream).
+    # socket (pg_basebackup -X stream hung so at the end of its WAL stream). Both ways into
+    # TLS: after an SSLRequest (uvloop's TLS layer) and direct (asyncio's).
     p = pooler(tls_settings(certs, auth_type="trust"))
     with RawClient(p.host, p.port) as raw:
-        raw.send(SSL_REQUEST)
-        assert raw.read_bytes(1) == b"S"
-        watched = RecordWatchingTls(raw.sock, certs.ca.root)
+        if start == "sslrequest":
+            raw.send(SSL_REQUEST)
+            assert raw.read_bytes(1) == b"S"
+        watched = RecordWatchingTls(raw.sock, certs.ca.root, alpn=start == "direct")
         raw.sock = watched  # type: ignore[assignment]
         assert raw.login(APP_USER, "app").error is None
         rows, tag, _ = raw.simple_query("SELECT repeat('x', 300000)")

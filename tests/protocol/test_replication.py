@@ -86,3 +86,24 @@ def test_a_bad_length_stops_the_watch() -> None:
     watch = rep.TerminateWatch()
     assert watch.end_of_terminate(b"d\x00\x00\x00\x02") == -1
     assert watch.end_of_terminate(TERMINATE) == -1  # the framing is lost: bytes pass on
+
+
+@pytest.mark.timeout(10)
+def test_the_offset_is_the_terminates_end_not_the_chunks() -> None:
+    copy_done = b"c\x00\x00\x00\x04"
+    data = copy_done + TERMINATE + b"Q\x00\x00\x00\x09junk"
+    assert rep.TerminateWatch().end_of_terminate(data) == len(copy_done) + len(TERMINATE)
+
+
+@pytest.mark.timeout(10)
+def test_a_terminate_header_split_across_chunks() -> None:
+    watch = rep.TerminateWatch()
+    assert watch.end_of_terminate(STATUS_UPDATE + TERMINATE[:3]) == -1
+    assert watch.end_of_terminate(TERMINATE[3:] + b"after") == 2
+
+
+@pytest.mark.timeout(10)
+def test_an_x_of_another_length_is_not_a_terminate() -> None:
+    watch = rep.TerminateWatch()
+    assert watch.end_of_terminate(b"X\x00\x00\x00\x06ab") == -1  # PostgreSQL's to refuse
+    assert watch.end_of_terminate(TERMINATE) == len(TERMINATE)
