@@ -59,6 +59,7 @@ HOT_MODULES = (
     "pypool.net.deferred_writes",
     "pypool.net.client_record",
     "pypool.net.client",
+    "pypool.net.tls_records",
     "pypool.net.server_record",
     "pypool.net.server",
     "pypool.pooler.objects",

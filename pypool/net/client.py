@@ -31,6 +31,7 @@ from ..protocol.framing import FramingError
 from . import outbox, pipeline
 from .client_login import ClientLogin
 from .client_record import ClientRecord
+from .tls_records import RECORD_MAX, write_in_records
 
 if TYPE_CHECKING:
     from ..pooler import Pooler
@@ -78,7 +79,10 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
         if self.transport is not None and self.state is not ClientState.CLOSED:
             if self.trace is not None:
                 self.trace.client_write(self, data)
-            self.transport.write(data)
+            if len(data) > RECORD_MAX and self.tls_info:
+                write_in_records(self.transport, data)  # PostgreSQL's record size
+            else:
+                self.transport.write(data)
 
     def data_received(self, data: bytes) -> None:
         if self.trace is not None:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..protocol.replication import TerminateWatch
+from .tls_records import RECORD_MAX, write_in_records
 
 if TYPE_CHECKING:
     from ..pooling.pool import PoolStats
@@ -46,6 +47,7 @@ class PipeEnd(asyncio.Protocol):
         self.lost = False
         self.reading_paused = False  # by the other side's back-pressure
         self.watch = TerminateWatch() if side == CLIENT else None
+        self.over_tls = False  # writes to this side go in records of 8 KiB (tls_records.py)
 
     def data_received(self, data: bytes) -> None:
         other = self.other
@@ -54,7 +56,10 @@ class PipeEnd(asyncio.Protocol):
         end = self.watch.end_of_terminate(data) if self.watch is not None else -1
         if end >= 0:
             data = data[:end]
-        other.own.write(data)
+        if other.over_tls and len(data) > RECORD_MAX:
+            write_in_records(other.own, data)
+        else:
+            other.own.write(data)
         self.pipe.count(self.side, len(data))
         if end >= 0:  # the client is leaving: the pair closes from its side
             self.pipe.terminated = True
@@ -104,6 +109,7 @@ class ReplicationPipe:
         client_end = PipeEnd(self, CLIENT, client.transport)
         server_end = PipeEnd(self, SERVER, server.transport)
         client_end.other, server_end.other = server_end, client_end
+        client_end.over_tls = bool(client.tls_info)
         self.client_end, self.server_end = client_end, server_end
         client.transport.set_protocol(client_end)
         server.transport.set_protocol(server_end)

@@ -7,8 +7,7 @@ a reload whose files or values do not make a working context is logged and the c
 force are kept, so rotating certificates never drops anyone and a bad file breaks nothing.
 It also runs the handshakes (`accept_client`, `connect_server`, with `loop.start_tls`: the
 same Protocol keeps getting `data_received`, now decrypted, from a new transport; and
-`accept_direct` for direct TLS, whose ClientHello was already read; a client's new transport
-writes records of at most 8 KiB, as PostgreSQL's do: tls_records.py), counts them for the
+`accept_direct` for direct TLS, whose ClientHello was already read), counts them for the
 metrics, and formats what SHOW CLIENTS / SERVERS print in their `tls` column.
 
 When TLS starts is not decided here: the startup packets are core/client_login.py's
@@ -43,7 +42,6 @@ from ..auth.channel_binding import tls_server_end_point
 from ..core.client_login import StartupTls
 from ..settings import TLS_VERSIONS, PoolerSettings, SettingsError
 from .tls_group import negotiated_group
-from .tls_records import RecordSized
 
 if TYPE_CHECKING:
     from .client import ClientConnection
@@ -363,8 +361,7 @@ async def _direct_handshake(client: ClientConnection, tls: Tls, waiter: asyncio.
         client.login.tls_failed(_reason(exc))
         return
     tls.count("client", True)
-    client.login.tls_started(RecordSized(layer._app_transport), tls.client,  # noqa: SLF001
-                             direct=True)
+    client.login.tls_started(layer._app_transport, tls.client, direct=True)  # noqa: SLF001
 
 
 async def accept_client(client: ClientConnection, tls: Tls, timeout: float) -> None:
@@ -385,7 +382,7 @@ async def accept_client(client: ClientConnection, tls: Tls, timeout: float) -> N
         client.login.tls_failed("connection closed during the TLS handshake")
         return
     tls.count("client", True)
-    client.login.tls_started(RecordSized(new), tls.client)  # records of 8 KiB (tls_records.py)
+    client.login.tls_started(new, tls.client)  # type: ignore[arg-type]  # uvloop's is no subclass
 
 
 async def connect_server(server: ServerConnection, tls: Tls, host: str, timeout: float,

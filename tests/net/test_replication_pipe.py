@@ -25,6 +25,11 @@ class FakeTransport:
         assert not self.closed, "written after close"
         self.written += data
 
+    def writelines(self, pieces: Any) -> None:
+        self.records = [len(piece) for piece in pieces]
+        for piece in pieces:
+            self.write(piece)
+
     def close(self) -> None:
         self.closed = True
 
@@ -39,8 +44,9 @@ class FakeTransport:
 
 
 class FakeConnection:
-    def __init__(self) -> None:
+    def __init__(self, tls_info: str = "") -> None:
         self.transport = FakeTransport()
+        self.tls_info = tls_info
         self._reading_paused = False
         self.writing_paused = False
 
@@ -50,9 +56,9 @@ class Stats:
     bytes_sent = 0
 
 
-def joined(held: bytes = b"") -> tuple[ReplicationPipe, FakeConnection, FakeConnection,
-                                       list[str]]:
-    client, server, lost = FakeConnection(), FakeConnection(), []
+def joined(held: bytes = b"", tls: bool = False) -> tuple[
+        ReplicationPipe, FakeConnection, FakeConnection, list[str]]:
+    client, server, lost = FakeConnection("TLSv1.3" if tls else ""), FakeConnection(), []
     pipe = ReplicationPipe(client, server, Stats(),  # type: ignore[arg-type]
                            lambda _pipe, side, _exc: lost.append(side))
     pipe.start(held)
@@ -96,3 +102,12 @@ def test_back_pressure_pauses_the_other_sides_reading() -> None:
     assert not server.transport.reading and client.transport.reading
     client.transport.protocol.resume_writing()
     assert server.transport.reading
+
+
+def test_wal_to_a_tls_client_goes_in_records_of_8_kib() -> None:
+    _pipe, client, server, _lost = joined(tls=True)
+    server.transport.protocol.data_received(b"w" * 20000)
+    assert client.transport.records == [8192, 8192, 3616]
+    assert client.transport.written == b"w" * 20000
+    client.transport.protocol.data_received(STATUS_UPDATE * 300)  # to the server: as it came
+    assert server.transport.written == STATUS_UPDATE * 300
