@@ -196,21 +196,16 @@ async def _connect(pooler: Pooler, server: ServerConnection, entry: DatabaseEntr
 
 def login_failed(pooler: Pooler, server: ServerConnection, text: str, error: bytes) -> None:
     """A server's connect or login failed: the pool's clients are told (see below)."""
-    if replication.is_dedicated(server) and server not in pooler.replication.pending:
-        # Its replication client left during the login and closed it: nothing failed.
-        replication.login_failed(pooler, server, text, {})
-        return
-    # As PgBouncer logs it: an error the server sent with its severity (FATAL database "x"
-    # does not exist); the pooler's own (08P01, 08006: connect, TLS, protocol) as they are.
     fields = m.parse_error_fields(error[5:])
-    severity = fields.get("S", "") if fields.get("C") not in ("08P01", "08006") else ""
-    log.warning("%r: server login failed: %s%s", server, f"{severity} " if severity else "",
-                text)
-    pool = server.pool
-    pool.stats.count_error("server_login_failed")
     if replication.is_dedicated(server):
-        replication.login_failed(pooler, server, text, fields)  # its own client alone
+        # Its own client alone is told; unless that client left during the login and closed
+        # the server itself: then nothing failed.
+        if server in pooler.replication.pending:
+            _log_failure(server, text, fields)
+        replication.login_failed(pooler, server, text, fields)
         return
+    _log_failure(server, text, fields)
+    pool = server.pool
     pool.login_error = (error, pooler.now())
     server.close(f"login failed: {text}")
     pooler.server_closed(server, f"login failed: {text}")
@@ -238,6 +233,16 @@ def login_failed(pooler: Pooler, server: ServerConnection, text: str, error: byt
         if transport is not None:
             transport.write(error)
             transport.close()
+
+
+def _log_failure(server: ServerConnection, text: str, fields: dict[str, str]) -> None:
+    """As PgBouncer logs a failed login: an error the server sent with its severity (FATAL
+    database "x" does not exist); the pooler's own (08P01, 08006: connect, TLS, protocol)
+    as they are. Counted in the pool's errors."""
+    severity = fields.get("S", "") if fields.get("C") not in ("08P01", "08006") else ""
+    log.warning("%r: server login failed: %s%s", server, f"{severity} " if severity else "",
+                text)
+    server.pool.stats.count_error("server_login_failed")
 
 
 def server_logged_in(pooler: Pooler, server: ServerConnection) -> None:
