@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .net.unix_socket import UnixSocket
     from .observe.view import PoolerView
     from .pooler import Pooler
+    from .pooler.takeover import Takeover
 
 log = logging.getLogger("pypool")
 
@@ -57,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="run in the background (needs pidfile and logfile set)")
     parser.add_argument("-u", "--user", help="as root, switch to this OS user first")
     parser.add_argument("-R", "--reboot", action="store_true",
-                        help="online restart: not supported (refused with a message)")
+                        help="online restart: take over the running pypool's sockets and "
+                        "idle clients (same ini; needs unix_socket_dir)")
     parser.add_argument("--trace", action="store_true",
                         help="trace every protocol message (as trace = on; docs/research.md)")
     parser.add_argument(
@@ -146,12 +148,15 @@ def build_pooler(settings: Settings) -> Pooler:
 
 async def serve(settings: Settings, unix: UnixSocket | None = None,
                 listening: Callable[[], None] | None = None,
-                worker: tuple[int, int, int] | None = None) -> None:
+                worker: tuple[int, int, int] | None = None,
+                taken: Takeover | None = None) -> None:
     """Run one pooler until it exits. `unix`: the unix socket a `workers` parent claimed;
     `listening`: called once the pooler listens (the quick start prints its URL then);
-    `worker`: (its number from 0, how many, the parent's pid) in a `workers` child."""
+    `worker`: (its number from 0, how many, the parent's pid) in a `workers` child;
+    `taken`: with -R, the sockets passed by the process taken over (pooler/takeover.py)."""
     pooler = build_pooler(settings)
     pooler.unix_socket = unix
+    pooler.taken = taken
     siblings: asyncio.AbstractServer | None = None
     try:
         if worker is not None:  # cancels for keys a sibling issued go to it (pooler/peers.py)
@@ -160,6 +165,10 @@ async def serve(settings: Settings, unix: UnixSocket | None = None,
             pooler.worker_index, pooler.worker_count, pooler.worker_parent = worker
             siblings = await peers.listen_for_siblings(pooler)
         await pooler.start()
+        if taken is not None:  # its clients come once the old process has paused them
+            from .pooler import takeover
+
+            pooler.spawn(takeover.finish(pooler, taken))
         if listening is not None:
             listening()
         pooler.install_signals()
@@ -178,12 +187,13 @@ async def serve(settings: Settings, unix: UnixSocket | None = None,
             pooler.unix_socket.remove()
 
 
-def run(settings: Settings, listening: Callable[[], None] | None = None) -> None:
+def run(settings: Settings, listening: Callable[[], None] | None = None,
+        taken: Takeover | None = None) -> None:
     import uvloop
 
     workers = settings.pooler.workers
     if workers <= 1:
-        uvloop.run(serve(settings, listening=listening))
+        uvloop.run(serve(settings, listening=listening, taken=taken))
         return
     if listening is not None:
         listening()
@@ -260,15 +270,15 @@ def _fork_workers(share: Settings, workers: int, unix: UnixSocket | None) -> Non
 def prepare_process(args: argparse.Namespace, settings: Settings, embedded: bool) -> bool:
     """-R, -u, the pidfile and -d, in PgBouncer's order, before anything is bound. True
     when a stale pidfile was removed (logged once logging is set up)."""
-    if args.reboot:
-        raise StartError("-R/--reboot (online restart taking over the sockets) is not "
-                         "supported: stop pypool (SIGINT or SIGTERM drain it) and start it "
-                         "again")
+    if args.reboot and embedded:
+        raise StartError("-R/--reboot needs an ini file: the quick start has nothing to take "
+                         "over")
     user = args.user or settings.pooler.user  # -u, else the ini's `user`
     if user:
         switch_user(user)
     pidfile = settings.pooler.pidfile
-    stale = check_pidfile(pidfile)
+    # -R: the pid there is the process to take over, expected alive.
+    stale = False if args.reboot else check_pidfile(pidfile)
     if args.daemon:
         if embedded:
             raise StartError("--daemon needs an ini file with pidfile set, not the quick start")
@@ -326,8 +336,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"throwaway PostgreSQL on 127.0.0.1:{cluster_port}; pypool on "
                   f"127.0.0.1:{settings.pooler.listen_port}", flush=True)
             print(f"DATABASE_URL={url}", flush=True)
+    taken = None
+    if args.reboot:
+        from .pooler import takeover
+
+        try:
+            taken = takeover.request(settings)
+        except takeover.TakeoverError as exc:
+            log.error("%s", exc)
+            print(f"pypool: {exc}", file=sys.stderr)
+            return 1
     try:
-        run(settings, banner)
+        run(settings, banner, taken)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             log.error("cannot start: port %d is taken (another pooler or PostgreSQL?); "

@@ -76,7 +76,6 @@ NOT_YET_IMPLEMENTED: dict[str, str] = {
 # [pgbouncer] keys that are fields (SHOW CONFIG lists them, SET takes them) but change
 # nothing in pypool, and why that is right. docs/operating.md repeats this list.
 NO_EFFECT: dict[str, str] = {
-    "suspend_timeout": "SUSPEND waits for running transactions only (no online restart)",
     "autodb_idle_timeout": "pools of `*` databases stay until their database is removed",
     "syslog_ident": "no syslog", "syslog_facility": "no syslog",
     "sbuf_loopcnt": "asyncio schedules the reads",

@@ -38,11 +38,14 @@ _TLS_REQUIRED: Final = ("require", "verify-ca", "verify-full")
 
 
 class ServerLoginError(Exception):
-    """The server refused the login; `error` is its ErrorResponse, ready to forward."""
+    """The server refused the login; `error` is its ErrorResponse, ready to forward.
+    `unreachable`: no verdict on the login, the connection went before one (closed during
+    it); the pool's queued clients wait for the next try (pooler/server_logins.py)."""
 
-    def __init__(self, text: str, error: bytes) -> None:
+    def __init__(self, text: str, error: bytes, unreachable: bool = False) -> None:
         super().__init__(text)
         self.error = error
+        self.unreachable = unreachable
 
 
 def tls_answer(data: bytes, sslmode: str) -> bool:

@@ -49,7 +49,7 @@ class ClientLogin:
 
     # Held for every idle client, so no __dict__ (10,000 idle clients: issue 15).
     __slots__ = ("client", "_startup", "_buffer", "_auth", "_channel_binding", "_handshaking",
-                 "_early", "_final")
+                 "_early", "_final", "adopting")
 
     def __init__(self, client: ClientConnection) -> None:
         self.client = client
@@ -70,6 +70,8 @@ class ClientLogin:
         self._early = b""
         # SCRAM's AuthenticationSASLFinal, held to leave with the welcome in one write.
         self._final = b""
+        # Logged in by the process this one took over (-R, pooler/takeover.py).
+        self.adopting = False
 
     def connected(self, transport: asyncio.BaseTransport) -> None:
         """The connection is up: note who is at the other end (its address; over the unix
@@ -88,6 +90,11 @@ class ClientLogin:
                 client.peer_uid = peer_uid(sock)
             except OSError as exc:
                 log.warning("%r: unix peer uid failed: %s", client, exc)
+        if self.adopting:
+            # Passed by the process this one took over (pooler/takeover.py), logged in
+            # there: no startup packet comes; reading waits until it is set up here.
+            transport.pause_reading()  # type: ignore[attr-defined]
+            return
         over_unix_socket = client.peer[0] == "unix"
         startup_tls = client.pooler.tls.client.startup(over_unix_socket=over_unix_socket)
         self._startup = client_login.read_startup(startup_tls)
@@ -239,9 +246,10 @@ class ClientLogin:
         client.on(ClientEvent.AUTHENTICATED)
         client.pooler.client_authenticated(client, scram_client_key)
 
-    def welcome(self, server_params: dict[str, str]) -> None:
+    def welcome(self, server_params: dict[str, str], send: bool = True) -> None:
         """Send AuthenticationOk, ParameterStatus, BackendKeyData and ReadyForQuery, and set
-        the client up for its requests (prepared statements, session state)."""
+        the client up for its requests (prepared statements, session state). `send` False:
+        a client taken over from another process, welcomed there already."""
         client = self.client
         params = client.params
         cfg = client.pooler.settings.pooler
@@ -257,8 +265,9 @@ class ClientLogin:
         reader = client.reader
         reader.admin = client.admin is not None
         final, self._final = self._final, b""
-        client.write(b"".join((final, _AUTH_OK, statuses,
-                               m.backend_key_data(*client.cancel_key), _READY_IDLE)))
+        if send:
+            client.write(b"".join((final, _AUTH_OK, statuses,
+                                   m.backend_key_data(*client.cancel_key), _READY_IDLE)))
         client.on(ClientEvent.WELCOMED)
         pool = client.pool
         if (cfg.max_prepared_statements > 0 and pool is not None and client.admin is None

@@ -134,8 +134,8 @@ class ServerLogin:
         ready = self.server.ready
         if not ready.done():
             text = "server closed the connection during login"
-            ready.set_exception(
-                ServerLoginError(text, m.error_response(text, "08006", "FATAL")))
+            ready.set_exception(ServerLoginError(
+                text, m.error_response(text, "08006", "FATAL"), unreachable=True))
 
     def failed(self, exc: ServerLoginError) -> None:
         server = self.server

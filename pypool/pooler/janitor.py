@@ -61,6 +61,18 @@ def sweep(pooler: Pooler) -> None:
             for client in list(pool.waiting) + list(pool.awaiting_params):
                 if client.state is ClientState.WAITING or client in pool.awaiting_params:
                     client.fail(PoolerError("server shutting down", errors.ADMIN_SHUTDOWN))
+        user_entry = pooler.settings.users.get(pool.user)
+        # [users] timeouts win over [pgbouncer]'s, 0 too (it turns one off for that user).
+        xact_timeout = _user_value(user_entry, "transaction_timeout", cfg.transaction_timeout)
+        query_timeout = _user_value(user_entry, "query_timeout", cfg.query_timeout)
+        idle_xact_timeout = _user_value(user_entry, "idle_transaction_timeout",
+                                        cfg.idle_transaction_timeout)
+        if query_timeout:
+            # As PgBouncer: a query's time counts while it waits for a server too
+            # ("query_timeout", its text for a client refused before it ran).
+            while pool.waiting and now - pool.waiting[0].wait_start > query_timeout:
+                pool.stats.count_error("query_timeout")
+                pool.waiting[0].fail(PoolerError("query_timeout"))
         if cfg.query_wait_timeout:
             while pool.waiting and (
                 now - pool.waiting[0].wait_start > cfg.query_wait_timeout
@@ -71,11 +83,15 @@ def sweep(pooler: Pooler) -> None:
             # deadline (net/pipeline.py: their guards keep the refusal true).
             for server in [s for s in pool.active if s.chain]:
                 pipeline.refuse_overdue(pooler, server, now)
-            # Clients at login waiting for the pool's first server wait for a server too.
-            for client in list(pool.awaiting_params):
-                if now - client.state_since > cfg.query_wait_timeout:
-                    pool.stats.count_error("query_wait_timeout")
-                    client.fail(PoolerError("query_wait_timeout"))
+        # Clients at login waiting for the pool's first server wait for a server too.
+        for client in list(pool.awaiting_params):
+            waited = now - client.state_since
+            for limit, text in ((query_timeout, "query_timeout"),
+                                (cfg.query_wait_timeout, "query_wait_timeout")):
+                if limit and waited > limit:
+                    pool.stats.count_error(text)
+                    client.fail(PoolerError(text))
+                    break
         if cfg.query_wait_notify:
             # PgBouncer 1.25: tell a client queued this long why its query has not run.
             for client in pool.waiting:
@@ -84,12 +100,6 @@ def sweep(pooler: Pooler) -> None:
                 if not client.wait_notified and client.state is ClientState.WAITING:
                     client.wait_notified = True
                     client.write(m.notice_response(WAIT_NOTICE))
-        user_entry = pooler.settings.users.get(pool.user)
-        # [users] timeouts win over [pgbouncer]'s, 0 too (it turns one off for that user).
-        xact_timeout = _user_value(user_entry, "transaction_timeout", cfg.transaction_timeout)
-        query_timeout = _user_value(user_entry, "query_timeout", cfg.query_timeout)
-        idle_xact_timeout = _user_value(user_entry, "idle_transaction_timeout",
-                                        cfg.idle_transaction_timeout)
         for server in list(pool.active):
             # Its own name and type: compiled, a name keeps the type of its first use (the
             # login loop's ClientConnection), and an active server may have no client.

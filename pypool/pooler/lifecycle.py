@@ -29,7 +29,7 @@ from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..settings import RESTART_ONLY_KEYS, SettingsError, load_ini, worker_share
-from . import janitor, linking, research, tracing
+from . import janitor, linking, research, takeover, tracing
 
 if TYPE_CHECKING:
     from ..pooling.pool import Pool
@@ -43,7 +43,14 @@ async def start(pooler: Pooler) -> None:
     cfg = pooler.settings.pooler
     research.apply(pooler, None)  # the transaction log, before any client
     tracing.apply(pooler, None)  # trace = on
-    if cfg.unix_socket_dir:
+    taken = pooler.taken  # -R: the sockets of the process taken over (pooler/takeover.py)
+    if taken is not None and taken.unix is not None:
+        pooler.unix_socket = takeover.claim_unix_socket(pooler.settings, taken.unix)
+        pooler.unix_listener = await pooler.loop.create_unix_server(
+            lambda: ClientConnection(pooler), sock=pooler.unix_socket.sock,
+            backlog=cfg.listen_backlog,
+        )
+    elif cfg.unix_socket_dir:
         # First, as PgBouncer checks: a pooler already serving this port's socket stops us
         # before anything is bound. With workers = N the parent has claimed it and each
         # worker serves the same socket (cli.run_workers).
@@ -54,7 +61,8 @@ async def start(pooler: Pooler) -> None:
             lambda: ClientConnection(pooler), sock=pooler.unix_socket.sock,
             backlog=cfg.listen_backlog,
         )
-    if cfg.metrics_port and pooler.serve_metrics is not None:  # first: up before clients
+    if cfg.metrics_port and pooler.serve_metrics is not None and taken is None:
+        # First: up before clients (after a takeover, once the old process has let it go).
         pooler.metrics_servers = await pooler.serve_metrics(
             cfg.metrics_addr or cfg.listen_addr, cfg.metrics_port
         )
@@ -64,6 +72,11 @@ async def start(pooler: Pooler) -> None:
         None if h.strip() == "*" else h.strip() for h in cfg.listen_addr.split(",")
         if h.strip()
     ]
+    if taken is not None:
+        hosts = []  # listening already, on the sockets passed
+        for sock in taken.tcp:
+            pooler.listeners.append(await pooler.loop.create_server(
+                lambda: ClientConnection(pooler), sock=sock, backlog=cfg.listen_backlog))
     for host in hosts:
         server = await pooler.loop.create_server(
             lambda: ClientConnection(pooler),
@@ -73,6 +86,7 @@ async def start(pooler: Pooler) -> None:
             backlog=cfg.listen_backlog,
         )
         pooler.listeners.append(server)
+    takeover.listen(pooler, taken.takeover if taken is not None else None)
     log.info("listening on %s:%d; hot path: %s", cfg.listen_addr, cfg.listen_port,
              compiled.status)
     if pooler.unix_socket is not None:
@@ -257,8 +271,9 @@ def exit_now(pooler: Pooler) -> None:
         pooler.unix_listener.close()
     if pooler.unix_socket is not None:
         pooler.unix_socket.remove()  # not in a forked worker: its parent removes it
+    takeover.close(pooler, unlink=True)  # after a takeover it is the new process's: None
     pidfile = pooler.settings.pooler.pidfile
-    if pidfile and not pooler.stopped.done():
+    if pidfile and not pooler.stopped.done() and _pidfile_is_ours(pidfile):
         try:
             os.unlink(pidfile)
         except OSError:
@@ -266,6 +281,15 @@ def exit_now(pooler: Pooler) -> None:
     research.close(pooler)  # after the clients: their last lines are in
     if not pooler.stopped.done():
         pooler.stopped.set_result(None)
+
+
+def _pidfile_is_ours(path: str) -> bool:
+    """Whether the pidfile holds this process's pid (after -R, the new process's is there)."""
+    try:
+        with open(path) as fh:
+            return fh.read(32).strip() == str(os.getpid())
+    except OSError:
+        return False
 
 
 def install_signals(pooler: Pooler) -> None:

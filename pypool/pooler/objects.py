@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import os
 import secrets
+import socket
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ from . import (
     transactions,
 )
 from .host_lists import HostChooser
+from .takeover import Takeover
 
 log = logging.getLogger("pypool")
 
@@ -128,6 +130,11 @@ class Pooler:
         self.unix_socket: UnixSocket | None = None
         self.unix_listener: asyncio.AbstractServer | None = None
         self.shutting_down = ""  # "", "SIGINT" (drain transactions) or "SIGTERM" (drain clients)
+        # Online restart (pooler/takeover.py): the socket a new process asks on, whether one
+        # is taking over now, and, in the new process, the sockets it was passed.
+        self.takeover_socket: socket.socket | None = None
+        self.handing_over = False
+        self.taken: Takeover | None = None
         self.stopped = self.loop.create_future()
         self.janitor_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -386,6 +393,13 @@ class Pooler:
             log.warning("%r: auth_query failed: %s", client, failure)
         if secret:
             self.auth_query_secrets[client.user] = secret
+        if auth_type == "trust" and not found and client.state is ClientState.STARTUP:
+            # Trust asks for no password, so there is no exchange to mock and nothing to hide
+            # (any known name logs in): as PgBouncer, the client hears that auth_query found
+            # no such user. The password methods keep the mock exchange (COMPAT.md).
+            log.info("%r: no such user: %s", client, client.user)
+            client.fail(PoolerError("no such user"))
+            return
         if client.state is ClientState.STARTUP:
             try:
                 _start_auth(client, secret, auth_type, known=found)

@@ -7,9 +7,11 @@ max_db_connections and max_user_connections, evicting another pool's idle server
 those caps stand in the way (PgBouncer's launch_new_connection and evict_connection), and not
 before server_login_retry after a failed login. `open_server` makes the ServerConnection and
 `_connect` connects it and waits for its login (net/server_login.py, core/server_login.py).
-A login that fails (`login_failed`) is cached on the pool for server_login_retry; the clients
-that waited for it get the server's own error, and so do those queued with no server left to
-serve them; new clients get PgBouncer 1.25's cached error at once (`login_failing`). A login
+A login that fails (`login_failed`) is cached on the pool for server_login_retry; when the
+server refused it, the clients that waited for it get the server's own error, and so do those
+queued with no server left to serve them; when there was no server to talk to (connect
+refused or timed out, closed during the login), they keep waiting for the next try, as
+PgBouncer's. New clients get PgBouncer 1.25's cached error at once (`login_failing`). A login
 that succeeds (`server_logged_in`) gives the pool its server parameters and the server to the
 first waiting client (pooler/linking.py). Replication servers, dedicated to one client, go to
 pooler/replication.py instead.
@@ -183,7 +185,7 @@ async def _connect(pooler: Pooler, server: ServerConnection, entry: DatabaseEntr
             pooler.hosts.connected(entry)
             await server.ready
     except ServerLoginError as exc:
-        login_failed(pooler, server, exc.args[0], exc.error)
+        login_failed(pooler, server, exc.args[0], exc.error, unreachable=exc.unreachable)
     except (OSError, TimeoutError) as failure:  # own name: mypyc types `exc` above
         if server.state is ServerState.CONNECTING and pooler.hosts.failed(entry):
             # Another host of the list is next: close this one and open the next now.
@@ -191,11 +193,16 @@ async def _connect(pooler: Pooler, server: ServerConnection, entry: DatabaseEntr
             return
         reason = "server connect timeout" if isinstance(failure, TimeoutError) else str(failure)
         text = f"server connection failed: {reason}"
-        login_failed(pooler, server, text, m.error_response(text, "08006", "FATAL"))
+        login_failed(pooler, server, text, m.error_response(text, "08006", "FATAL"),
+                     f"{_connect_failure(failure)} ({reason})", unreachable=True)
 
 
-def login_failed(pooler: Pooler, server: ServerConnection, text: str, error: bytes) -> None:
-    """A server's connect or login failed: the pool's clients are told (see below)."""
+def login_failed(pooler: Pooler, server: ServerConnection, text: str, error: bytes,
+                 closing: str = "", unreachable: bool = False) -> None:
+    """A server's connect or login failed: the pool's clients are told (see below).
+    `closing`: the server's "closing because" reason, when not `text` (a connect that
+    failed, in PgBouncer's words: "connect failed", "connect timeout"); `unreachable`: no
+    server to talk to (connect refused or timed out, closed during the login)."""
     fields = m.parse_error_fields(error[5:])
     if replication.is_dedicated(server):
         # Its own client alone is told; unless that client left during the login and closed
@@ -210,15 +217,20 @@ def login_failed(pooler: Pooler, server: ServerConnection, text: str, error: byt
     server.close(f"login failed: {text}")
     pooler.server_closed(server, f"login failed: {text}")
     if pooler.settings.pooler.log_disconnections:
-        log.info("%r: closing because: %s", server, text)  # PgBouncer's second line
-    if fields.get("C") == errors.CANNOT_CONNECT_NOW:
-        # "the database system is starting up" (or shutting down, in recovery): a
-        # moment's state, not a broken login. As PgBouncer, no one is failed for it; the
-        # queue waits for the next try, after server_login_retry.
+        log.info("%r: closing because: %s", server, closing or text)  # PgBouncer's 2nd line
+    if unreachable or fields.get("C") == errors.CANNOT_CONNECT_NOW:
+        # No server to talk to (connect refused or timed out, closed during the login), or
+        # "the database system is starting up" (or shutting down, in recovery): no verdict
+        # on the login itself. As PgBouncer, the clients already queued keep waiting, for
+        # the next try after server_login_retry (the janitor's) or for query_wait_timeout /
+        # query_timeout; a server back within that serves them. New clients, after a
+        # connect failure, get the cached error at once (`login_failing`).
         return
-    # The clients waiting for this login get the server's own error; so do those queued
-    # when no server is left to serve them (they would wait query_wait_timeout for
-    # nothing: no login is tried again before server_login_retry).
+    # The server refused the login (its ErrorResponse; the pooler's own: no usable
+    # password, a bad login message, TLS refused or a certificate that does not verify):
+    # the clients waiting for this login get that error at once, rather than a timeout
+    # that names nothing; so do those queued when no server is left to serve them (they
+    # would wait query_wait_timeout for a login that fails the same way).
     stranded = list(pool.awaiting_params)
     pool.awaiting_params.clear()
     if not _has_usable_server(pool):

@@ -4,6 +4,8 @@ pooling alone; the prepared-statement tests turn them on themselves)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import psycopg
@@ -22,3 +24,25 @@ def assert_pooler_error(exc: psycopg.Error, text: str) -> None:
     assert text in str(exc), str(exc)
     assert exc.sqlstate == "08P01", (exc.sqlstate, str(exc))
     assert exc.diag.severity == "FATAL"
+
+
+class Login(threading.Thread):
+    """Connects and runs one statement in a thread (started at once); keeps the row or the
+    error, and how long it all took."""
+
+    def __init__(self, dsn: str, sql: str = "SELECT 1") -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.sql = dsn, sql
+        self.result: object = None
+        self.error: BaseException | None = None
+        self.elapsed = 0.0
+        self.start()
+
+    def run(self) -> None:
+        started = time.monotonic()
+        try:
+            with connect(self.dsn) as conn:
+                self.result = conn.execute(self.sql).fetchone()
+        except BaseException as exc:  # noqa: BLE001 - inspected by the test
+            self.error = exc
+        self.elapsed = time.monotonic() - started

@@ -15,7 +15,7 @@ import pytest
 
 from pypool.embedded import free_port
 from tests.conftest import rows_in
-from tests.integration.app_client import assert_pooler_error, connect
+from tests.integration.app_client import Login, assert_pooler_error, connect
 from tests.integration.polling import settle, wait_for
 
 pytestmark = pytest.mark.timeout(30)
@@ -46,6 +46,24 @@ def test_query_wait_timeout(pooler) -> None:
         holder.execute("COMMIT")
     with connect(p.dsn()) as later:
         assert later.execute("SELECT 3").fetchone()[0] == 3
+
+
+def test_query_timeout_counts_the_wait_for_a_server(pooler) -> None:
+    """As PgBouncer: a query's query_timeout runs from when it came, queued or not; a client
+    refused before its query ran is told `query_timeout` (query_wait_timeout is longer)."""
+    p = pooler(ini_overrides={"default_pool_size": "1", "query_wait_timeout": "30",
+                              "query_timeout": "1"})
+    with connect(p.dsn()) as holder, connect(p.dsn()) as waiter:
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1")
+        start = time.monotonic()
+        with pytest.raises(psycopg.OperationalError) as info:
+            waiter.execute("SELECT 1")
+        elapsed = time.monotonic() - start
+        assert_pooler_error(info.value, "query_timeout")
+        assert 0.9 <= elapsed <= 3.5, elapsed
+        assert holder.execute("SELECT 2").fetchone()[0] == 2  # idle in its transaction: kept
+        holder.execute("COMMIT")
 
 
 def test_query_wait_timeout_applies_while_waiting_at_login(postgres, pooler) -> None:
@@ -280,26 +298,31 @@ class Forwarder:
 
 
 def test_server_connect_timeout(postgres, pooler) -> None:
+    """A server that never answers: its connect times out after server_connect_timeout;
+    the client queued for it waits on (its query_timeout refuses it, as PgBouncer's), a new
+    one gets the cached error at once."""
     silent = SilentServer()
     server = f"host={postgres.host} port={postgres.port}"
     try:
         p = pooler(
-            ini_overrides={"server_connect_timeout": "1", "server_login_retry": "5"},
+            ini_overrides={"server_connect_timeout": "1", "server_login_retry": "5",
+                           "query_timeout": "3"},
             databases={"app": f"{server} dbname=app",
                        "hang": f"host=127.0.0.1 port={silent.port} dbname=app"},
         )
-        start = time.monotonic()
-        with pytest.raises(psycopg.OperationalError) as first:
-            connect(p.dsn("hang"))
-        assert time.monotonic() - start <= 3.0
-        assert "timeout" in str(first.value)
-        # Within server_login_retry the cached error comes back at once.
+        first = Login(p.dsn("hang"))
+        assert wait_for(lambda: "server connect timeout" in p.log(), 3), p.log()
         start = time.monotonic()
         with pytest.raises(psycopg.OperationalError) as second:
             connect(p.dsn("hang"))
         assert time.monotonic() - start <= 2.0
         assert "server login has been failing, cached error: " in str(second.value)
+        assert "timeout" in str(second.value)
         assert "(server_login_retry)" in str(second.value)
+        first.join(5)
+        assert not first.is_alive()
+        assert "query_timeout" in str(first.error), first.error
+        assert 2.5 <= first.elapsed <= 4.5, first.elapsed
         # Other databases never noticed.
         with connect(p.dsn("app")) as conn:
             assert conn.execute("SELECT 1").fetchone()[0] == 1
@@ -309,32 +332,28 @@ def test_server_connect_timeout(postgres, pooler) -> None:
 
 
 def test_server_login_retry_then_recovery(postgres, pooler) -> None:
+    """PostgreSQL unreachable when a client comes, back a moment later: the queued client is
+    served by the retry after server_login_retry (PgBouncer's behaviour), not failed; a
+    client that comes meanwhile gets the cached error; afterwards logins work again."""
     forwarder = Forwarder(postgres.port, free_port())
     try:
         p = pooler(
-            ini_overrides={"server_login_retry": "1"},
+            ini_overrides={"server_login_retry": "2", "query_wait_timeout": "10"},
             databases={"fwd": f"host=127.0.0.1 port={forwarder.port} dbname=app"},
         )
-        start = time.monotonic()
-        with pytest.raises(psycopg.OperationalError) as first:
-            connect(p.dsn("fwd"))
-        assert time.monotonic() - start <= 2.0
-        assert "server login has been failing" not in str(first.value)
+        first = Login(p.dsn("fwd"), "SELECT current_database()")
+        assert wait_for(lambda: "server login failed" in p.log(), 3), p.log()
         with pytest.raises(psycopg.OperationalError) as second:
             connect(p.dsn("fwd"))
         assert "server login has been failing, cached error: " in str(second.value)
         assert "(server_login_retry)" in str(second.value)
-        # The server comes back: once server_login_retry has passed, logins work again.
-        forwarder.start()
-
-        def works() -> bool:
-            try:
-                with connect(p.dsn("fwd")) as conn:
-                    return conn.execute("SELECT current_database()").fetchone()[0] == "app"
-            except psycopg.OperationalError:
-                return False
-
-        assert wait_for(works, 5, interval=0.3), "the pool never retried the server login"
+        forwarder.start()  # the server comes back
+        first.join(8)
+        assert not first.is_alive()
+        assert first.result == ("app",), first.error
+        assert 1.5 <= first.elapsed <= 6, first.elapsed
+        with connect(p.dsn("fwd")) as conn:  # the cached error went with the success
+            assert conn.execute("SELECT current_database()").fetchone()[0] == "app"
         assert p.proc.poll() is None
     finally:
         forwarder.stop()

@@ -1,0 +1,127 @@
+"""Online restart (`pypool -R`, pooler/takeover.py): a new process takes over the running
+one's sockets and idle clients; the clients carry on with their prepared statements, their
+settings and their cancel keys, and never notice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pypool.embedded import EmbeddedPostgres
+from tests.conftest import REPO_ROOT
+from tests.integration.app_client import connect
+from tests.integration.polling import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _start_reboot(ini: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONUNBUFFERED"] = "1"
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "pypool", "-R", str(ini)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=ini.parent, env=env)
+
+
+@pytest.fixture
+def rebooted() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The processes a test started with -R, stopped at teardown."""
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _backend_pid(conn: psycopg.Connection[Any]) -> int:
+    return int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+
+
+def test_online_restart_keeps_idle_clients(postgres: EmbeddedPostgres, pooler: Any,
+                                           rebooted: list[subprocess.Popen[bytes]]) -> None:
+    p = pooler(ini_overrides={"max_prepared_statements": "10"})
+    old_servers = set()
+    with connect(p.dsn(), application_name="carried") as idle, connect(p.dsn()) as busy:
+        assert idle.execute("SELECT %s::int + 1", [1], prepare=True).fetchone() == (2,)
+        idle.execute("PREPARE by_sql AS SELECT 42")
+        idle.execute("SET TimeZone = 'Asia/Tokyo'")  # a setting that follows its client
+        key_pid = idle.pgconn.backend_pid
+        old_servers.add(_backend_pid(idle))
+        busy.execute("BEGIN")
+        old_servers.add(_backend_pid(busy))  # inside a transaction when the restart begins
+        new_log = p.ini_path.parent / "rebooted.log"
+        proc = _start_reboot(p.ini_path, new_log)
+        rebooted.append(proc)
+        assert wait_for(lambda: "takes over" in p.log(), 10), p.log()
+        time.sleep(0.3)
+        busy.execute("COMMIT")  # its transaction ends: it is passed on too
+        assert p.proc.wait(15) == 0, p.log()
+        assert proc.poll() is None, new_log.read_text()
+        assert "takeover: 2 clients passed" in p.log(), p.log()
+        assert wait_for(lambda: "takeover: 2 clients adopted" in new_log.read_text(), 5), \
+            new_log.read_text()
+        # Both carry on in the new process, on servers of its own.
+        assert idle.execute("SELECT %s::int + 1", [5], prepare=True).fetchone() == (6,)
+        assert idle.execute("EXECUTE by_sql").fetchone() == (42,)
+        assert idle.execute("SHOW TimeZone").fetchone() == ("Asia/Tokyo",)
+        assert idle.execute("SHOW application_name").fetchone() == ("carried",)
+        assert _backend_pid(idle) not in old_servers
+        assert busy.execute("SELECT 7").fetchone() == (7,)
+        # Its cancel key is still its own: a cancel reaches its query and no other's.
+        assert idle.pgconn.backend_pid == key_pid
+        result: dict[str, BaseException] = {}
+
+        def sleep() -> None:
+            try:
+                idle.execute("SELECT pg_sleep(20)")
+            except psycopg.Error as exc:
+                result["error"] = exc
+
+        thread = threading.Thread(target=sleep, daemon=True)
+        thread.start()
+        assert wait_for(lambda: postgres.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(20)'"
+            " AND state = 'active'")[0][0] == 1, 5)  # type: ignore[index]
+        idle.cancel_safe(timeout=5)
+        thread.join(5)
+        assert isinstance(result.get("error"), psycopg.errors.QueryCanceled), result
+        assert busy.execute("SELECT 8").fetchone() == (8,)
+    # New clients, over TCP and the unix socket, reach the new process.
+    with connect(p.dsn()) as fresh:
+        assert fresh.execute("SELECT 1").fetchone() == (1,)
+    with connect(p.dsn(), host=str(p.ini_path.parent)) as over_unix:
+        assert over_unix.execute("SELECT 2").fetchone() == (2,)
+    # And it can be taken over in its turn.
+    again = _start_reboot(p.ini_path, p.ini_path.parent / "again.log")
+    rebooted.append(again)
+    assert proc.wait(15) == 0, new_log.read_text()
+    assert wait_for(lambda: "listening" in (p.ini_path.parent / "again.log").read_text(), 5)
+    with connect(p.dsn()) as third:
+        assert third.execute("SELECT 3").fetchone() == (3,)
+
+
+def test_online_restart_with_nothing_to_take_over(pooler: Any, tmp_path: Path) -> None:
+    p = pooler()
+    p.stop()
+    proc = _start_reboot(p.ini_path, tmp_path / "alone.log")
+    assert proc.wait(20) == 1
+    text = (tmp_path / "alone.log").read_text()
+    assert "no pypool to take over" in text, text
+    assert ".takeover" in text
