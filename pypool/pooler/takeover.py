@@ -430,7 +430,7 @@ async def finish(pooler: Pooler, taken: Takeover) -> None:
         scram_keys, clients = await asyncio.to_thread(_receive_clients, taken.conn)
     except (OSError, TakeoverError, ValueError) as exc:
         log.error("takeover: receiving the clients failed: %s", exc)
-        return
+        scram_keys, clients = {}, []
     finally:
         taken.conn.close()
     for user, key in scram_keys.items():

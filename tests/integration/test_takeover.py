@@ -125,3 +125,23 @@ def test_online_restart_with_nothing_to_take_over(pooler: Any, tmp_path: Path) -
     text = (tmp_path / "alone.log").read_text()
     assert "no pypool to take over" in text, text
     assert ".takeover" in text
+
+
+def test_a_transaction_still_open_at_suspend_timeout_is_not_passed(
+        pooler: Any, rebooted: list[subprocess.Popen[bytes]]) -> None:
+    p = pooler(ini_overrides={"suspend_timeout": "1"})
+    with connect(p.dsn()) as stuck, connect(p.dsn()) as idle:
+        stuck.execute("BEGIN")
+        stuck.execute("SELECT 1")
+        assert idle.execute("SELECT 1").fetchone() == (1,)
+        new_log = p.ini_path.parent / "rebooted.log"
+        proc = _start_reboot(p.ini_path, new_log)
+        rebooted.append(proc)
+        assert p.proc.wait(15) == 0, p.log()
+        assert "1 clients still busy after suspend_timeout" in p.log(), p.log()
+        assert "takeover: 1 clients passed" in p.log(), p.log()
+        with pytest.raises(psycopg.OperationalError, match="server shutting down"):
+            stuck.execute("SELECT 2")
+        assert wait_for(lambda: "takeover: 1 clients adopted" in new_log.read_text(), 5), \
+            new_log.read_text()
+        assert idle.execute("SELECT 3").fetchone() == (3,)
