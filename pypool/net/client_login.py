@@ -16,7 +16,7 @@ import functools
 import logging
 import socket
 import sys
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
 from ..core import client_login
@@ -70,8 +70,9 @@ class ClientLogin:
         self._early = b""
         # SCRAM's AuthenticationSASLFinal, held to leave with the welcome in one write.
         self._final = b""
-        # Logged in by the process this one took over (-R, pooler/takeover.py).
-        self.adopting = False
+        # Logged in by the process this one took over (-R, pooler/takeover.py): what sets
+        # it up here, called once, at connection_made.
+        self.adopting: Callable[[], None] | None = None
 
     def connected(self, transport: asyncio.BaseTransport) -> None:
         """The connection is up: note who is at the other end (its address; over the unix
@@ -90,10 +91,11 @@ class ClientLogin:
                 client.peer_uid = peer_uid(sock)
             except OSError as exc:
                 log.warning("%r: unix peer uid failed: %s", client, exc)
-        if self.adopting:
+        if self.adopting is not None:
             # Passed by the process this one took over (pooler/takeover.py), logged in
-            # there: no startup packet comes; reading waits until it is set up here.
-            transport.pause_reading()  # type: ignore[attr-defined]
+            # there: no startup packet comes; set up now, before its first byte is read.
+            restore, self.adopting = self.adopting, None
+            restore()
             return
         over_unix_socket = client.peer[0] == "unix"
         startup_tls = client.pooler.tls.client.startup(over_unix_socket=over_unix_socket)

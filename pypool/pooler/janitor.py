@@ -83,13 +83,17 @@ def sweep(pooler: Pooler) -> None:
             # deadline (net/pipeline.py: their guards keep the refusal true).
             for server in [s for s in pool.active if s.chain]:
                 pipeline.refuse_overdue(pooler, server, now)
-        # Clients at login waiting for the pool's first server wait for a server too.
+        # Clients at login waiting for the pool's first server wait for a server too; and,
+        # as PgBouncer, their login is bounded by client_login_timeout (a server that cannot
+        # be reached leaves them waiting for retries otherwise, with the timeouts above 0).
         for client in list(pool.awaiting_params):
             waited = now - client.state_since
             for limit, text in ((query_timeout, "query_timeout"),
-                                (cfg.query_wait_timeout, "query_wait_timeout")):
-                if limit and waited > limit:
-                    pool.stats.count_error(text)
+                                (cfg.query_wait_timeout, "query_wait_timeout"),
+                                (cfg.client_login_timeout, "client_login_timeout (server down)")):
+                if limit and (now - client.connect_time if text.startswith("client_login")
+                              else waited) > limit:
+                    pool.stats.count_error(text.split()[0])
                     client.fail(PoolerError(text))
                     break
         if cfg.query_wait_notify:

@@ -319,6 +319,8 @@ class Pooler:
     # --- clients --------------------------------------------------------------------------
 
     def client_connected(self, client: ClientConnection) -> None:
+        if client.state is not ClientState.STARTUP:
+            return  # taken over from another process (-R): logged in, or refused, already
         self.clients.add(client)
         self.login_clients.add(client)
 

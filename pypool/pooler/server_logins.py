@@ -52,6 +52,8 @@ def launch_servers(pooler: Pooler, pool: Pool) -> None:
         replication.launch(pooler, pool)  # dedicated servers first: their clients came first
     if pool.paused or pooler.shutting_down == "now":
         return
+    if pooler.handing_over and not pool.waiting and not pool.awaiting_params:
+        return  # -R: the new process opens the servers from now on; only waiters get one
     now = pooler.now()
     if pool.login_error is not None:
         if now - pool.login_error[1] < pooler.settings.pooler.server_login_retry:

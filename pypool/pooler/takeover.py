@@ -191,20 +191,29 @@ def _accept(pooler: Pooler, sock: socket.socket) -> None:
 async def _hand_over(pooler: Pooler, conn: socket.socket) -> None:
     conn.setblocking(True)
     conn.settimeout(30)
+    fds: list[int] = []
     try:
         request, _ = await asyncio.to_thread(recv_frame, conn)
         pid = int(request.get("pid", 0))
         log.info("takeover: pid %d takes over; passing the listening sockets", pid)
         kinds, fds = _listening_sockets(pooler)
         await asyncio.to_thread(send_frame, conn, {"listeners": kinds}, fds)
+        # Both accept on them now; ours close only once the new process says it serves.
+        ready, _ = await asyncio.to_thread(recv_frame, conn)
+        if not ready.get("ready"):
+            raise TakeoverError(f"the new process did not start: {ready.get('error', '?')}")
     except (OSError, TakeoverError, ValueError) as exc:
-        log.error("takeover failed before any socket was passed, serving on: %s", exc)
+        log.error("takeover failed, serving on as before: %s", exc)
         conn.close()
         pooler.handing_over = False
         return
-    for fd in fds:
-        os.close(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
     _stop_listening(pooler)
+    for metrics_server in pooler.metrics_servers:
+        metrics_server.close()  # for the new process to bind once it has the clients
+    pooler.metrics_servers = []
     paused = await _suspend(pooler)
     scram_keys = {user: _b64(key) for user, key in pooler.scram_client_keys.items()}
     frames: list[tuple[dict[str, Any], int]] = []
@@ -223,9 +232,6 @@ async def _hand_over(pooler: Pooler, conn: socket.socket) -> None:
         for _, fd in frames:
             os.close(fd)
         conn.close()
-    for metrics_server in pooler.metrics_servers:
-        metrics_server.close()  # for the new process to bind
-    pooler.metrics_servers = []
     from . import lifecycle
 
     lifecycle.exit_now(pooler)
@@ -262,7 +268,8 @@ def _stop_listening(pooler: Pooler) -> None:
 
 def _passable(client: ClientConnection) -> bool:
     """Whether the client can go to the new process now: logged in, idle, holding no
-    server, with nothing read that is not handled yet, and no session state busy."""
+    server, with nothing read that is not handled yet and nothing written still buffered
+    here, and no session state busy."""
     return (
         client.state is ClientState.IDLE
         and client.server is None
@@ -270,8 +277,14 @@ def _passable(client: ClientConnection) -> bool:
         and client.admin is None
         and not client.tls_info
         and not client.outbox
-        and not client.reader.partial
+        and client.reader.idle()
+        and not client.reader.drop
+        and not client.reader.held
         and client.ledger.idle()
+        # Everything written has reached the kernel: nothing of a reply is left behind.
+        and not client.writing_paused
+        and client.transport is not None
+        and client.transport.get_write_buffer_size() == 0
         and (client.session is None or not client.session.busy())
         and (client.statements is None or client.statements.guard is None)
     )
@@ -284,6 +297,11 @@ async def _suspend(pooler: Pooler) -> list[ClientConnection]:
     deadline = pooler.now() + timeout
     paused: dict[ClientConnection, None] = {}
     while True:
+        # Servers the old process no longer needs go now: the new one opens its own, and
+        # the two together must not hold max_db_connections twice over.
+        for pool in list(pooler.pools.values()):
+            for server in list(pool.idle):
+                pooler.close_server(server, "taken over")
         waiting = 0
         for client in list(pooler.clients):
             if client in paused or client.admin is not None or replication.wants_own_server(
@@ -374,12 +392,20 @@ def request(settings: Settings) -> Takeover:
     conn.settimeout(30)
     try:
         conn.connect(address)
+    except OSError as exc:
+        conn.close()
+        raise TakeoverError(f"-R/--reboot: no pypool to take over at {path} ({exc}); is one "
+                            "running with this unix_socket_dir and listen_port?") from None
+    try:
+        owner = peer_uid(conn)
+        if owner != os.getuid():
+            # Whoever answers there would hand us clients to serve unauthenticated.
+            raise TakeoverError(f"{path} is served by uid {owner}, not by this OS user")
         send_frame(conn, {"pid": os.getpid()})
         reply, fds = recv_frame(conn)
     except (OSError, TakeoverError) as exc:
         conn.close()
-        raise TakeoverError(f"-R/--reboot: no pypool to take over at {path} ({exc}); is one "
-                            "running with this unix_socket_dir and listen_port?") from None
+        raise TakeoverError(f"-R/--reboot: cannot take over at {path}: {exc}") from None
     taken = Takeover(conn)
     for kind, fd in zip(reply.get("listeners", []), fds, strict=False):
         sock = socket.socket(fileno=fd)
@@ -408,25 +434,33 @@ def claim_unix_socket(settings: Settings, sock: socket.socket) -> UnixSocket:
 
 def _receive_clients(conn: socket.socket) -> tuple[dict[str, str], list[tuple[dict[str, Any],
                                                                               int]]]:
-    head, _ = recv_frame(conn)
     clients: list[tuple[dict[str, Any], int]] = []
-    while True:
-        body, fds = recv_frame(conn)
-        if body.get("done"):
-            for fd in fds:
-                os.close(fd)
-            return head.get("scram_keys", {}), clients
-        if len(fds) != 1 or "client" not in body:
-            for fd in fds:
-                os.close(fd)
-            continue
-        clients.append((body["client"], fds[0]))
+    try:
+        head, _ = recv_frame(conn)
+        while True:
+            body, fds = recv_frame(conn)
+            if body.get("done"):
+                for fd in fds:
+                    os.close(fd)
+                return head.get("scram_keys", {}), clients
+            if len(fds) != 1 or "client" not in body:
+                for fd in fds:
+                    os.close(fd)
+                continue
+            clients.append((body["client"], fds[0]))
+    except BaseException:
+        for _, fd in clients:  # the old process went away mid-way: none of them is served
+            os.close(fd)
+        raise
 
 
 async def finish(pooler: Pooler, taken: Takeover) -> None:
-    """Receive the old process's clients as it passes them, and serve them."""
+    """Tell the old process this one serves, receive its clients as it passes them, and
+    serve them. No second takeover starts meanwhile."""
+    pooler.handing_over = True
     taken.conn.settimeout(pooler.settings.pooler.suspend_timeout + 60)
     try:
+        await asyncio.to_thread(send_frame, taken.conn, {"ready": True})
         scram_keys, clients = await asyncio.to_thread(_receive_clients, taken.conn)
     except (OSError, TakeoverError, ValueError) as exc:
         log.error("takeover: receiving the clients failed: %s", exc)
@@ -438,12 +472,12 @@ async def finish(pooler: Pooler, taken: Takeover) -> None:
     adopted = 0
     for state, fd in clients:
         try:
-            await adopt(pooler, state, fd)
-            adopted += 1
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            if await adopt(pooler, state, fd):
+                adopted += 1
+        except Exception as exc:  # noqa: BLE001 - one client's trouble stops no other's
             log.error("takeover: a client could not be adopted: %s", exc)
-            os.close(fd)
     log.info("takeover: %d clients adopted", adopted)
+    pooler.handing_over = False
     if pooler.settings.pooler.metrics_port and pooler.serve_metrics is not None:
         cfg = pooler.settings.pooler
         try:
@@ -453,41 +487,59 @@ async def finish(pooler: Pooler, taken: Takeover) -> None:
             log.error("takeover: metrics endpoint not started: %s", exc)
 
 
-async def adopt(pooler: Pooler, state: dict[str, Any], fd: int) -> None:
+async def adopt(pooler: Pooler, state: dict[str, Any], fd: int) -> bool:
     """Serve a client the old process passed: logged in, idle, as it was there (no byte
-    goes to it; what it sends next is read here)."""
+    goes to it; what it sends next is read here). Whether it is served."""
     sock = socket.socket(fileno=fd)
-    sock.setblocking(False)
-    client = ClientConnection(pooler)
-    client.login.adopting = True  # connection_made: no startup packet to read
-    transport, _ = await pooler.loop.connect_accepted_socket(lambda: client, sock=sock)
-    client.user = str(state["user"])
-    client.database = str(state["database"])
-    client.startup_params = {str(k): str(v) for k, v in state["startup_params"].items()}
-    client.params = {str(k): str(v) for k, v in state["params"].items()}
-    pooler.client_counts.admit(pooler.settings, client)
-    client.on(ClientEvent.AUTHENTICATED)
-    pooler.login_clients.discard(client)
-    key = (int(state["cancel_key"][0]), int(state["cancel_key"][1]))
-    entry = pooler.settings.database(client.database)
-    pool = pooler.pool_for(client.database, client.user) if entry is not None else None
-    if pool is None or key in pooler.cancel_keys:
-        client.fail(PoolerError(f"no such database: {client.database}" if pool is None
-                                else SHUTTING_DOWN, errors.ADMIN_SHUTDOWN))
-        return
-    client.cancel_key = key
-    pooler.cancel_keys[key] = client
-    client.pool = pool
-    pool.clients.add(client)
-    client.login.welcome(pool.server_params or {}, send=False)
-    statements = client.statements
-    if statements is not None:
-        for name, body in state.get("statements", []):
-            statements.names[_unb64(name)] = statements.registry.acquire(_unb64(body))
-        for name, text in state.get("sql_statements", []):
-            statements.sql[_unb64(name)] = _unb64(text)
-    session = client.session
-    if session is not None:
-        for name, statement in state.get("sets", []):
-            session.sets[_unb64(name)] = _unb64(statement)
-    transport.resume_reading()
+    try:
+        sock.setblocking(False)
+        client = ClientConnection(pooler)
+        # Set up inside connection_made, before the transport reads a byte (uvloop reads
+        # at once after it: a pause there is not honoured).
+        client.login.adopting = lambda: _restore(pooler, client, state)
+        await pooler.loop.connect_accepted_socket(lambda: client, sock=sock)
+    except BaseException:
+        sock.close()
+        raise
+    return client.state is not ClientState.CLOSED  # IDLE, or busy already with what it sent
+
+
+def _restore(pooler: Pooler, client: ClientConnection, state: dict[str, Any]) -> None:
+    """The client's login, as `describe` carried it: from STARTUP to IDLE in one step."""
+    try:
+        client.user = str(state["user"])
+        client.database = str(state["database"])
+        client.startup_params = {str(k): str(v) for k, v in state["startup_params"].items()}
+        client.params = {str(k): str(v) for k, v in state["params"].items()}
+        key = (int(state["cancel_key"][0]), int(state["cancel_key"][1]))
+        pooler.clients.add(client)
+        pooler.client_counts.admit(pooler.settings, client)
+        entry = pooler.settings.database(client.database)
+        pool = pooler.pool_for(client.database, client.user) if entry is not None else None
+        if pool is None:
+            raise PoolerError(f"no such database: {client.database}")
+        if pool.disabled:
+            raise PoolerError(f'database "{client.database}" is disabled')
+        if key in pooler.cancel_keys:
+            raise PoolerError(SHUTTING_DOWN, errors.ADMIN_SHUTDOWN)
+        client.on(ClientEvent.AUTHENTICATED)
+        client.cancel_key = key
+        pooler.cancel_keys[key] = client
+        client.pool = pool
+        pool.clients.add(client)
+        client.login.welcome(pool.server_params or {}, send=False)
+        statements = client.statements
+        if statements is not None:
+            for name, body in state.get("statements", []):
+                statements.names[_unb64(name)] = statements.registry.acquire(_unb64(body))
+            for name, text in state.get("sql_statements", []):
+                statements.sql[_unb64(name)] = _unb64(text)
+        session = client.session
+        if session is not None:
+            for name, statement in state.get("sets", []):
+                session.sets[_unb64(name)] = _unb64(statement)
+    except PoolerError as exc:
+        client.fail(exc)
+    except (KeyError, ValueError, TypeError, IndexError) as bad:
+        log.error("takeover: %r: bad client state: %s", client, bad)
+        client.fail(PoolerError(SHUTTING_DOWN, errors.ADMIN_SHUTDOWN))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ import psycopg
 import pytest
 
 from pypool.embedded import EmbeddedPostgres
+from pypool.pooler.takeover import recv_frame, send_frame, takeover_address
 from tests.conftest import REPO_ROOT
 from tests.integration.app_client import connect
 from tests.integration.polling import wait_for
@@ -62,7 +64,6 @@ def test_online_restart_keeps_idle_clients(postgres: EmbeddedPostgres, pooler: A
         assert idle.execute("SELECT %s::int + 1", [1], prepare=True).fetchone() == (2,)
         idle.execute("PREPARE by_sql AS SELECT 42")
         idle.execute("SET TimeZone = 'Asia/Tokyo'")  # a setting that follows its client
-        key_pid = idle.pgconn.backend_pid
         old_servers.add(_backend_pid(idle))
         busy.execute("BEGIN")
         old_servers.add(_backend_pid(busy))  # inside a transaction when the restart begins
@@ -71,12 +72,27 @@ def test_online_restart_keeps_idle_clients(postgres: EmbeddedPostgres, pooler: A
         rebooted.append(proc)
         assert wait_for(lambda: "takes over" in p.log(), 10), p.log()
         time.sleep(0.3)
+        # Sent while the old process holds it paused: read and answered by the new one.
+        during: dict[str, object] = {}
+
+        def query_during() -> None:
+            try:
+                during["row"] = idle.execute("SELECT 'sent during the handover'").fetchone()
+            except psycopg.Error as exc:
+                during["error"] = exc
+
+        asked = threading.Thread(target=query_during, daemon=True)
+        asked.start()
+        time.sleep(0.3)
+        assert asked.is_alive(), during  # not answered by the old process
         busy.execute("COMMIT")  # its transaction ends: it is passed on too
         assert p.proc.wait(15) == 0, p.log()
         assert proc.poll() is None, new_log.read_text()
         assert "takeover: 2 clients passed" in p.log(), p.log()
         assert wait_for(lambda: "takeover: 2 clients adopted" in new_log.read_text(), 5), \
             new_log.read_text()
+        asked.join(5)
+        assert during == {"row": ("sent during the handover",)}, during
         # Both carry on in the new process, on servers of its own.
         assert idle.execute("SELECT %s::int + 1", [5], prepare=True).fetchone() == (6,)
         assert idle.execute("EXECUTE by_sql").fetchone() == (42,)
@@ -84,8 +100,8 @@ def test_online_restart_keeps_idle_clients(postgres: EmbeddedPostgres, pooler: A
         assert idle.execute("SHOW application_name").fetchone() == ("carried",)
         assert _backend_pid(idle) not in old_servers
         assert busy.execute("SELECT 7").fetchone() == (7,)
-        # Its cancel key is still its own: a cancel reaches its query and no other's.
-        assert idle.pgconn.backend_pid == key_pid
+        # Its cancel key (the one it got at login) is still its own: a cancel reaches its
+        # query and no other's.
         result: dict[str, BaseException] = {}
 
         def sleep() -> None:
@@ -145,3 +161,31 @@ def test_a_transaction_still_open_at_suspend_timeout_is_not_passed(
         assert wait_for(lambda: "takeover: 1 clients adopted" in new_log.read_text(), 5), \
             new_log.read_text()
         assert idle.execute("SELECT 3").fetchone() == (3,)
+
+
+def test_a_new_process_that_fails_to_start_changes_nothing(
+        pooler: Any, rebooted: list[subprocess.Popen[bytes]]) -> None:
+    """The old process stops listening only once the new one says it serves: one that takes
+    the sockets and dies leaves the old one serving, its clients untouched."""
+    p = pooler()
+    with connect(p.dsn()) as before:
+        assert before.execute("SELECT 1").fetchone() == (1,)
+        address = takeover_address(str(p.ini_path.parent), p.port)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as fake:
+            fake.settimeout(5)
+            fake.connect(address)
+            send_frame(fake, {"pid": os.getpid()})
+            reply, fds = recv_frame(fake)
+            assert "tcp" in reply["listeners"] and "unix" in reply["listeners"]
+            for fd in fds:
+                os.close(fd)
+        # It went away without saying it serves.
+        assert wait_for(lambda: "takeover failed, serving on as before" in p.log(), 5), p.log()
+        assert before.execute("SELECT 2").fetchone() == (2,)
+        with connect(p.dsn()) as fresh:
+            assert fresh.execute("SELECT 3").fetchone() == (3,)
+        # A real takeover afterwards goes through.
+        proc = _start_reboot(p.ini_path, p.ini_path.parent / "rebooted.log")
+        rebooted.append(proc)
+        assert p.proc.wait(15) == 0, p.log()
+        assert before.execute("SELECT 4").fetchone() == (4,)
