@@ -20,9 +20,10 @@ import pytest
 
 from pypool.embedded import EmbeddedPostgres
 from pypool.pooler.takeover import recv_frame, send_frame, takeover_address
-from tests.conftest import REPO_ROOT
+from tests.conftest import ADMIN_PASSWORD, ADMIN_USER, REPO_ROOT
 from tests.integration.app_client import connect
 from tests.integration.polling import wait_for
+from tests.integration.tls_ca import Certificates, certs  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -189,3 +190,32 @@ def test_a_new_process_that_fails_to_start_changes_nothing(
         rebooted.append(proc)
         assert p.proc.wait(15) == 0, p.log()
         assert before.execute("SELECT 4").fetchone() == (4,)
+
+
+def test_tls_and_console_sessions_are_told_and_plaintext_ones_passed(
+        pooler: Any, certs: Certificates,  # noqa: F811 - the fixture
+        rebooted: list[subprocess.Popen[bytes]]) -> None:
+    """A TLS connection's keys live in the old process and a console session belongs to it:
+    both are told `server shutting down` (not passed half-way); the plaintext client beside
+    them goes on in the new process."""
+    p = pooler(ini_overrides={"client_tls_sslmode": "allow",
+                              "client_tls_cert_file": str(certs.server.cert),
+                              "client_tls_key_file": str(certs.server.key)})
+    with connect(p.dsn(), sslmode="require") as secure, \
+            connect(p.dsn(), sslmode="disable") as plain, \
+            connect(p.dsn("pgbouncer", ADMIN_USER, ADMIN_PASSWORD)) as admin:
+        assert secure.pgconn.ssl_in_use and not plain.pgconn.ssl_in_use
+        assert secure.execute("SELECT 1").fetchone() == (1,)
+        assert plain.execute("SELECT 1").fetchone() == (1,)
+        assert admin.execute("SHOW VERSION").fetchone() is not None
+        proc = _start_reboot(p.ini_path, p.ini_path.parent / "rebooted.log")
+        rebooted.append(proc)
+        assert p.proc.wait(15) == 0, p.log()
+        assert "takeover: 1 clients passed" in p.log(), p.log()
+        for gone in (secure, admin):
+            with pytest.raises(psycopg.OperationalError, match="server shutting down"):
+                gone.execute("SELECT 1")
+        assert plain.execute("SELECT 2").fetchone() == (2,)
+    with connect(p.dsn(), sslmode="require") as again:  # the new process does TLS itself
+        assert again.pgconn.ssl_in_use
+        assert again.execute("SELECT 3").fetchone() == (3,)
