@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..core.states import ServerState
 from ..protocol import messages as m
-from . import linking, peers
+from . import linking, peers, takeover
 
 if TYPE_CHECKING:
     from ..net.server import ServerConnection
@@ -42,6 +42,10 @@ def cancel_here(pooler: Pooler, pid: int, secret: int) -> None:
     signalled the backend), the server is handed to no one else, or the cancel could hit
     the next client's query (server_available parks it in Pool.being_canceled)."""
     client = pooler.cancel_keys.get((pid, secret))
+    if client is None and pooler.taken is not None:
+        # -R under way: the key may be a client the old process has not passed yet.
+        takeover.pass_back_cancel(pooler, pid, secret)
+        return
     if client is None or client.server is None:
         return
     server = client.server

@@ -17,6 +17,8 @@ process started with -R connects there and:
    nothing happened: its user, database, startup and reported parameters, its cancel key,
    its prepared statements and the session settings that follow it, and the SCRAM keys
    its server logins use. The new process opens servers of its own: the old one's close.
+   Meanwhile a CancelRequest for a client still in the old process reaches the new one (it
+   accepts now): it is passed back on the takeover connection.
 4. The old one exits; clients it could not pass (inside a transaction at suspend_timeout,
    TLS, replication, the console) are told `server shutting down` first. TLS connections
    cannot be passed (their keys live in the old process), as with PgBouncer.
@@ -211,6 +213,9 @@ async def _hand_over(pooler: Pooler, conn: socket.socket) -> None:
         for fd in fds:
             os.close(fd)
     _stop_listening(pooler)
+    # Cancels for clients still here reach the new process, which accepts now: it passes
+    # them back on this connection until the clients are passed.
+    pooler.loop.add_reader(conn.fileno(), _passed_back_cancel, pooler, conn)
     for metrics_server in pooler.metrics_servers:
         metrics_server.close()  # for the new process to bind once it has the clients
     pooler.metrics_servers = []
@@ -223,6 +228,7 @@ async def _hand_over(pooler: Pooler, conn: socket.socket) -> None:
     for client in list(pooler.clients):
         # Not passed: inside a transaction still, TLS, replication, the console.
         client.fail(PoolerError(SHUTTING_DOWN, errors.ADMIN_SHUTDOWN))
+    pooler.loop.remove_reader(conn.fileno())
     try:
         await asyncio.to_thread(_send_clients, conn, scram_keys, frames)
         log.info("takeover: %d clients passed to pid %d; exiting", len(frames), pid)
@@ -235,6 +241,35 @@ async def _hand_over(pooler: Pooler, conn: socket.socket) -> None:
     from . import lifecycle
 
     lifecycle.exit_now(pooler)
+
+
+def _passed_back_cancel(pooler: Pooler, conn: socket.socket) -> None:
+    """A CancelRequest the new process received for a key this process issued."""
+    try:
+        body, fds = recv_frame(conn)
+    except (OSError, TakeoverError, ValueError):
+        pooler.loop.remove_reader(conn.fileno())
+        return
+    for fd in fds:
+        os.close(fd)
+    key = body.get("cancel")
+    if isinstance(key, list) and len(key) == 2:
+        from . import cancel
+
+        cancel.cancel_here(pooler, int(key[0]), int(key[1]))
+
+
+def pass_back_cancel(pooler: Pooler, pid: int, secret: int) -> bool:
+    """In the new process while it takes over: a key it does not know may be one of the
+    clients still in the old process; send the cancel there. Whether it went."""
+    taken = pooler.taken
+    if taken is None or not taken.ready:
+        return False
+    try:
+        send_frame(taken.conn, {"cancel": [pid, secret]})
+    except OSError:
+        return False
+    return True
 
 
 def _listening_sockets(pooler: Pooler) -> tuple[list[str], list[int]]:
@@ -372,6 +407,9 @@ class Takeover:
     sockets it passed."""
 
     conn: socket.socket
+    # "ready" has gone to the old process: cancels may follow it on `conn` (not before, or
+    # the old process would read one as the answer it waits for).
+    ready: bool = False
     tcp: list[socket.socket] = field(default_factory=list)
     unix: socket.socket | None = None
     takeover: socket.socket | None = None
@@ -461,11 +499,13 @@ async def finish(pooler: Pooler, taken: Takeover) -> None:
     taken.conn.settimeout(pooler.settings.pooler.suspend_timeout + 60)
     try:
         await asyncio.to_thread(send_frame, taken.conn, {"ready": True})
+        taken.ready = True
         scram_keys, clients = await asyncio.to_thread(_receive_clients, taken.conn)
     except (OSError, TakeoverError, ValueError) as exc:
         log.error("takeover: receiving the clients failed: %s", exc)
         scram_keys, clients = {}, []
     finally:
+        pooler.taken = None  # no more cancels go back: the old process has passed its own
         taken.conn.close()
     for user, key in scram_keys.items():
         pooler.scram_client_keys.setdefault(user, _unb64(key))

@@ -219,3 +219,40 @@ def test_tls_and_console_sessions_are_told_and_plaintext_ones_passed(
     with connect(p.dsn(), sslmode="require") as again:  # the new process does TLS itself
         assert again.pgconn.ssl_in_use
         assert again.execute("SELECT 3").fetchone() == (3,)
+
+
+def test_a_cancel_during_the_handover_reaches_the_old_process(
+        postgres: EmbeddedPostgres, pooler: Any,
+        rebooted: list[subprocess.Popen[bytes]]) -> None:
+    """The new process accepts as soon as it has the sockets, so a CancelRequest for a query
+    still running in the old one reaches the new one: it is passed back, and lands."""
+    p = pooler(ini_overrides={"suspend_timeout": "20"})
+    with connect(p.dsn()) as slow:
+        result: dict[str, BaseException] = {}
+
+        def sleep() -> None:
+            try:
+                slow.execute("SELECT pg_sleep(15) /* during-handover */")
+            except psycopg.Error as exc:
+                result["error"] = exc
+
+        thread = threading.Thread(target=sleep, daemon=True)
+        thread.start()
+        assert wait_for(lambda: postgres.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND state = 'active'"
+            " AND pid <> pg_backend_pid()", params=("%during-handover%",)
+        )[0][0] == 1, 5)  # type: ignore[index]
+        new_log = p.ini_path.parent / "rebooted.log"
+        proc = _start_reboot(p.ini_path, new_log)
+        rebooted.append(proc)
+        assert wait_for(lambda: "listening" in new_log.read_text(), 10), new_log.read_text()
+        time.sleep(0.5)  # the new process has said it serves: the old one accepts no more
+        start = time.monotonic()
+        slow.cancel_safe(timeout=5)  # a new connection: to the new process
+        thread.join(5)
+        assert isinstance(result.get("error"), psycopg.errors.QueryCanceled), result
+        assert time.monotonic() - start < 3
+        # The client, idle now, is passed; the old process exits well before suspend_timeout.
+        assert p.proc.wait(10) == 0, p.log()
+        assert "takeover: 1 clients passed" in p.log(), p.log()
+        assert slow.execute("SELECT 'after'").fetchone() == ("after",)
