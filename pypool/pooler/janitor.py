@@ -60,7 +60,7 @@ def sweep(pooler: Pooler) -> None:
         if pooler.shutting_down == "SIGINT":  # queued clients will not be served now
             for client in list(pool.waiting) + list(pool.awaiting_params):
                 if client.state is ClientState.WAITING or client in pool.awaiting_params:
-                    client.fail(PoolerError("server shutting down", errors.ADMIN_SHUTDOWN))
+                    client.fail(errors.shutting_down())
         user_entry = pooler.settings.users.get(pool.user)
         # [users] timeouts win over [pgbouncer]'s, 0 too (it turns one off for that user).
         xact_timeout = _user_value(user_entry, "transaction_timeout", cfg.transaction_timeout)
@@ -88,14 +88,16 @@ def sweep(pooler: Pooler) -> None:
         # be reached leaves them waiting for retries otherwise, with the timeouts above 0).
         for client in list(pool.awaiting_params):
             waited = now - client.state_since
-            for limit, text in ((query_timeout, "query_timeout"),
-                                (cfg.query_wait_timeout, "query_wait_timeout"),
-                                (cfg.client_login_timeout, "client_login_timeout (server down)")):
-                if limit and (now - client.connect_time if text.startswith("client_login")
-                              else waited) > limit:
-                    pool.stats.count_error(text.split()[0])
-                    client.fail(PoolerError(text))
-                    break
+            if query_timeout and waited > query_timeout:
+                expired, text = "query_timeout", "query_timeout"
+            elif cfg.query_wait_timeout and waited > cfg.query_wait_timeout:
+                expired, text = "query_wait_timeout", "query_wait_timeout"
+            elif cfg.client_login_timeout and now - client.connect_time > cfg.client_login_timeout:
+                expired, text = "client_login_timeout", "client_login_timeout (server down)"
+            else:
+                continue
+            pool.stats.count_error(expired)
+            client.fail(PoolerError(text))
         if cfg.query_wait_notify:
             # PgBouncer 1.25: tell a client queued this long why its query has not run.
             for client in pool.waiting:

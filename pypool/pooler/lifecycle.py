@@ -207,7 +207,6 @@ _SHUTDOWN_LINES = {
     "SIGINT": "got SIGINT, shutting down, waiting for all servers connections to be released",
     "SIGTERM": "got SIGTERM, shutting down, waiting for all clients disconnect",
 }
-SHUTTING_DOWN = "server shutting down"  # what a client is told, as PgBouncer tells it
 
 
 def shutdown(pooler: Pooler, how: str) -> None:
@@ -250,7 +249,7 @@ def maybe_exit(pooler: Pooler) -> None:
             return
         for client in list(pooler.clients):
             if client.admin is None:
-                client.fail(PoolerError(SHUTTING_DOWN, errors.ADMIN_SHUTDOWN))
+                client.fail(errors.shutting_down())
         exit_now(pooler)
     elif all(client.admin is not None for client in pooler.clients):
         exit_now(pooler)

@@ -48,7 +48,7 @@ def request_server(pooler: Pooler, client: ClientConnection) -> None:
     pool = client.pool
     assert pool is not None
     if pooler.shutting_down == "SIGINT":  # no new transaction once the shutdown began
-        client.fail(PoolerError("server shutting down", errors.ADMIN_SHUTDOWN))
+        client.fail(errors.shutting_down())
         return
     if not pool.paused:
         server = pool.take_idle()
@@ -203,7 +203,7 @@ def release(pooler: Pooler, client: ClientConnection, now: float = 0.0) -> None:
     client.on(ClientEvent.RELEASED, now)
     _hand_back(pooler, server, now)
     if client.close_after_release:  # SIGINT: its transaction is done, and so is it
-        client.fail(PoolerError("server shutting down", errors.ADMIN_SHUTDOWN))
+        client.fail(errors.shutting_down())
     elif client.reader.blocked:
         outbox.resume_rewriting(client)  # what it sent meanwhile goes to its next server
 

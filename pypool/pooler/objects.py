@@ -425,15 +425,7 @@ class Pooler:
                                   errors.PROTOCOL_VIOLATION)
             self.open_console(client)
             return
-        entry = self.settings.database(client.database)
-        if entry is None:
-            raise PoolerError(f"no such database: {client.database}", errors.PROTOCOL_VIOLATION)
-        pool = self.pool_for(client.database, client.user)
-        assert pool is not None
-        if pool.disabled:
-            raise PoolerError(f'database "{client.database}" is disabled')
-        client.pool = pool
-        pool.clients.add(client)
+        pool = self.enter_pool(client)
         if self.settings.pooler.application_name_add_host:
             # As PgBouncer: the peer's address after the name, set once, at login.
             name = client.params.get("application_name") or "app"
@@ -450,6 +442,20 @@ class Pooler:
             return
         pool.awaiting_params.append(client)
         self.launch_servers(pool)
+
+    def enter_pool(self, client: ClientConnection) -> Pool:
+        """The client joins the pool of its database and user (at login, or taken over by
+        -R); an unknown or DISABLEd database refuses it."""
+        entry = self.settings.database(client.database)
+        if entry is None:
+            raise PoolerError(f"no such database: {client.database}", errors.PROTOCOL_VIOLATION)
+        pool = self.pool_for(client.database, client.user)
+        assert pool is not None
+        if pool.disabled:
+            raise PoolerError(f'database "{client.database}" is disabled')
+        client.pool = pool
+        pool.clients.add(client)
+        return pool
 
     def login_failing(self, pool: Pool) -> PoolerError | None:
         return server_logins.login_failing(self, pool)

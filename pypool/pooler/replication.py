@@ -121,7 +121,7 @@ def launch(pooler: Pooler, pool: Pool) -> None:
         while queue:
             client = queue.popleft()
             if client.state is ClientState.WELCOME:
-                client.fail(PoolerError("server shutting down", errors.ADMIN_SHUTDOWN))
+                client.fail(errors.shutting_down())
     if not queue:
         state.queues.pop(pool, None)
         return

@@ -57,7 +57,6 @@ log = logging.getLogger("pypool")
 _HEADER: Final = struct.Struct("!II")  # JSON length, descriptors sent with the header
 _MAX_FRAME: Final = 1 << 28
 _MAX_FDS: Final = 64
-SHUTTING_DOWN: Final = "server shutting down"  # as lifecycle tells a client
 
 
 class TakeoverError(Exception):
@@ -227,7 +226,7 @@ async def _hand_over(pooler: Pooler, conn: socket.socket) -> None:
             frames.append((describe(client), _detach(pooler, client)))
     for client in list(pooler.clients):
         # Not passed: inside a transaction still, TLS, replication, the console.
-        client.fail(PoolerError(SHUTTING_DOWN, errors.ADMIN_SHUTDOWN))
+        client.fail(errors.shutting_down())
     pooler.loop.remove_reader(conn.fileno())
     try:
         await asyncio.to_thread(_send_clients, conn, scram_keys, frames)
@@ -554,19 +553,12 @@ def _restore(pooler: Pooler, client: ClientConnection, state: dict[str, Any]) ->
         key = (int(state["cancel_key"][0]), int(state["cancel_key"][1]))
         pooler.clients.add(client)
         pooler.client_counts.admit(pooler.settings, client)
-        entry = pooler.settings.database(client.database)
-        pool = pooler.pool_for(client.database, client.user) if entry is not None else None
-        if pool is None:
-            raise PoolerError(f"no such database: {client.database}")
-        if pool.disabled:
-            raise PoolerError(f'database "{client.database}" is disabled')
         if key in pooler.cancel_keys:
-            raise PoolerError(SHUTTING_DOWN, errors.ADMIN_SHUTDOWN)
+            raise errors.shutting_down()
+        pool = pooler.enter_pool(client)  # as at login: its database may be gone now
         client.on(ClientEvent.AUTHENTICATED)
         client.cancel_key = key
         pooler.cancel_keys[key] = client
-        client.pool = pool
-        pool.clients.add(client)
         client.login.welcome(pool.server_params or {}, send=False)
         statements = client.statements
         if statements is not None:
@@ -582,4 +574,4 @@ def _restore(pooler: Pooler, client: ClientConnection, state: dict[str, Any]) ->
         client.fail(exc)
     except (KeyError, ValueError, TypeError, IndexError) as bad:
         log.error("takeover: %r: bad client state: %s", client, bad)
-        client.fail(PoolerError(SHUTTING_DOWN, errors.ADMIN_SHUTDOWN))
+        client.fail(errors.shutting_down())

@@ -55,6 +55,15 @@ class PoolerError(Exception):
         self.side = side
 
 
+# What a client the pooler stops serving is told (PgBouncer's words): a shutdown, or -R
+# leaving it behind.
+SHUTTING_DOWN = "server shutting down"
+
+
+def shutting_down() -> PoolerError:
+    return PoolerError(SHUTTING_DOWN, ADMIN_SHUTDOWN)
+
+
 class ClientProtocolError(PoolerError):
     """The client broke the protocol: malformed, oversized or unexpected input."""
 

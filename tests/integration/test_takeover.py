@@ -57,6 +57,27 @@ def _backend_pid(conn: psycopg.Connection[Any]) -> int:
     return int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
 
 
+def _sleeping(postgres: EmbeddedPostgres, conn: psycopg.Connection[Any], marker: str
+              ) -> tuple[threading.Thread, dict[str, BaseException]]:
+    """`conn` runs a long pg_sleep in a thread, running in PostgreSQL when this returns; the
+    dict gets its error."""
+    result: dict[str, BaseException] = {}
+
+    def sleep() -> None:
+        try:
+            conn.execute(f"SELECT pg_sleep(15) /* {marker} */")
+        except psycopg.Error as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=sleep, daemon=True)
+    thread.start()
+    assert wait_for(lambda: postgres.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND state = 'active'"
+        " AND pid <> pg_backend_pid()", params=(f"%{marker}%",)
+    )[0][0] == 1, 5)  # type: ignore[index]
+    return thread, result
+
+
 def test_online_restart_keeps_idle_clients(postgres: EmbeddedPostgres, pooler: Any,
                                            rebooted: list[subprocess.Popen[bytes]]) -> None:
     p = pooler(ini_overrides={"max_prepared_statements": "10"})
@@ -103,19 +124,7 @@ def test_online_restart_keeps_idle_clients(postgres: EmbeddedPostgres, pooler: A
         assert busy.execute("SELECT 7").fetchone() == (7,)
         # Its cancel key (the one it got at login) is still its own: a cancel reaches its
         # query and no other's.
-        result: dict[str, BaseException] = {}
-
-        def sleep() -> None:
-            try:
-                idle.execute("SELECT pg_sleep(20)")
-            except psycopg.Error as exc:
-                result["error"] = exc
-
-        thread = threading.Thread(target=sleep, daemon=True)
-        thread.start()
-        assert wait_for(lambda: postgres.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(20)'"
-            " AND state = 'active'")[0][0] == 1, 5)  # type: ignore[index]
+        thread, result = _sleeping(postgres, idle, "cancel-after-takeover")
         idle.cancel_safe(timeout=5)
         thread.join(5)
         assert isinstance(result.get("error"), psycopg.errors.QueryCanceled), result
@@ -228,20 +237,7 @@ def test_a_cancel_during_the_handover_reaches_the_old_process(
     still running in the old one reaches the new one: it is passed back, and lands."""
     p = pooler(ini_overrides={"suspend_timeout": "20"})
     with connect(p.dsn()) as slow:
-        result: dict[str, BaseException] = {}
-
-        def sleep() -> None:
-            try:
-                slow.execute("SELECT pg_sleep(15) /* during-handover */")
-            except psycopg.Error as exc:
-                result["error"] = exc
-
-        thread = threading.Thread(target=sleep, daemon=True)
-        thread.start()
-        assert wait_for(lambda: postgres.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND state = 'active'"
-            " AND pid <> pg_backend_pid()", params=("%during-handover%",)
-        )[0][0] == 1, 5)  # type: ignore[index]
+        thread, result = _sleeping(postgres, slow, "during-handover")
         new_log = p.ini_path.parent / "rebooted.log"
         proc = _start_reboot(p.ini_path, new_log)
         rebooted.append(proc)

@@ -29,8 +29,14 @@ pytestmark = pytest.mark.timeout(30)
 # -- waiting for a server ---------------------------------------------------------------
 
 
-def test_query_wait_timeout(pooler) -> None:
-    p = pooler(ini_overrides={"default_pool_size": "1", "query_wait_timeout": "1"})
+@pytest.mark.parametrize("limits, text", [
+    ({"query_wait_timeout": "1"}, "query_wait_timeout"),
+    # As PgBouncer: query_timeout runs from when a query came, queued or not; one refused
+    # before it ran is told `query_timeout`.
+    ({"query_wait_timeout": "30", "query_timeout": "1"}, "query_timeout"),
+], ids=["query_wait_timeout", "query_timeout_counts_the_wait"])
+def test_query_wait_timeout(pooler, limits: dict[str, str], text: str) -> None:
+    p = pooler(ini_overrides={"default_pool_size": "1", **limits})
     with connect(p.dsn()) as holder, connect(p.dsn()) as waiter:
         holder.execute("BEGIN")
         holder.execute("SELECT 1")
@@ -38,7 +44,7 @@ def test_query_wait_timeout(pooler) -> None:
         with pytest.raises(psycopg.OperationalError) as info:
             waiter.execute("SELECT 1")
         elapsed = time.monotonic() - start
-        assert_pooler_error(info.value, "query_wait_timeout")
+        assert_pooler_error(info.value, text)
         assert 0.9 <= elapsed <= 3.5, elapsed
         assert waiter.closed
         # The holder never noticed and the pooler keeps serving.
@@ -46,24 +52,6 @@ def test_query_wait_timeout(pooler) -> None:
         holder.execute("COMMIT")
     with connect(p.dsn()) as later:
         assert later.execute("SELECT 3").fetchone()[0] == 3
-
-
-def test_query_timeout_counts_the_wait_for_a_server(pooler) -> None:
-    """As PgBouncer: a query's query_timeout runs from when it came, queued or not; a client
-    refused before its query ran is told `query_timeout` (query_wait_timeout is longer)."""
-    p = pooler(ini_overrides={"default_pool_size": "1", "query_wait_timeout": "30",
-                              "query_timeout": "1"})
-    with connect(p.dsn()) as holder, connect(p.dsn()) as waiter:
-        holder.execute("BEGIN")
-        holder.execute("SELECT 1")
-        start = time.monotonic()
-        with pytest.raises(psycopg.OperationalError) as info:
-            waiter.execute("SELECT 1")
-        elapsed = time.monotonic() - start
-        assert_pooler_error(info.value, "query_timeout")
-        assert 0.9 <= elapsed <= 3.5, elapsed
-        assert holder.execute("SELECT 2").fetchone()[0] == 2  # idle in its transaction: kept
-        holder.execute("COMMIT")
 
 
 def test_query_wait_timeout_applies_while_waiting_at_login(postgres, pooler) -> None:
