@@ -24,7 +24,6 @@ from ..core.client_login import Authenticated, FirstPacket, StartTls, StartupTls
 from ..core.exchange import advance
 from ..core.states import ClientEvent, ClientState
 from ..pooling import prepared
-from ..pooling import session_state as ss
 from ..pooling.params import TRACKED, canonical_name, same_encoding
 from ..protocol import errors, replication
 from ..protocol import messages as m
@@ -81,10 +80,11 @@ class ClientLogin:
         settings = client.pooler.settings.pooler
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
-            client.peer = (str(peer[0]), int(peer[1]))
+            # Interned: thousands of clients from one application host share one string.
+            client.peer = (sys.intern(str(peer[0])), int(peer[1]))
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            tune_tcp(sock, settings)  # TCP_NODELAY and the tcp_* keys
+            tune_tcp(sock, settings)  # the tcp_* keys
         elif sock is not None and sock.family == socket.AF_UNIX:
             client.peer = ("unix", settings.listen_port)
             try:
@@ -284,7 +284,7 @@ class ClientLogin:
             if policy == "reject":
                 reader.reject = "transaction"
             elif policy == "follow":
-                client.session = ss.ClientSession(_followed(cfg.track_extra_parameters))
+                client.follows = _followed(cfg.track_extra_parameters)
         outbox.carry_on(client)
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..core.frontend import RequestReader
 from ..core.states import ClientState
+from ..pooling.session_state import ClientSession
 from ..protocol import messages as m
 from .flow_control import ReadingSwitch
 from .socket_ids import socket_ids as _ids  # shared with the other side
@@ -78,9 +79,24 @@ class ClientRecord(ReadingSwitch):
         # = 0, the admin console).
         self.statements: prepared.ClientStatements | None = None
         # The session state that follows or pins it (transaction mode, session_state =
-        # follow; pooling/session_state.py); None when it is not looked at.
+        # follow; pooling/session_state.py). Made when first needed (pooler/transactions.py,
+        # `session_of`): None until then, and always when it is not looked at. 10,000 idle
+        # clients that never SET anything hold no record.
         self.session: ss.ClientSession | None = None
+        # The reported parameters a record made for it leaves alone, when session_state =
+        # follow applies to it; None when it does not (one shared frozenset).
+        self.follows: frozenset[bytes] | None = None
         self.tls_info = ""  # TLS's line of SHOW CLIENTS ("" in plaintext)
+
+    def session_record(self) -> ss.ClientSession | None:
+        """The client's session-state record, made when first needed: at its first change,
+        its first error, or a link to a server holding another client's settings (which
+        must be undone for it). Until then one made at login would hold nothing and have
+        seen no error. None when session_state = follow does not apply to it."""
+        session = self.session
+        if session is None and self.follows is not None:
+            session = self.session = ClientSession(self.follows)
+        return session
 
     def __repr__(self) -> str:
         return f"C-{self.id}:{self.database}/{self.user}@{self.peer[0]}:{self.peer[1]}"

@@ -208,6 +208,8 @@ def can_follow(server: ServerConnection, client: ClientConnection) -> bool:
         return False
     # No SET may be needed for it: a hidden query's replies would be mistaken for the others'.
     session = client.session
+    if session is None and server.session_sets:
+        session = client.session_record()  # another client's settings to undo for it
     if session is not None and (session.busy() or (session.sets or server.session_sets)
                                 and sync_statements(server.session_sets, session.sets)):
         return False

@@ -41,7 +41,7 @@ class ServerLogin:
         server = self.server
         sock = transport.get_extra_info("socket")
         if sock is not None:
-            tune_tcp(sock, server.pooler.settings.pooler)  # TCP_NODELAY and the tcp_* keys
+            tune_tcp(sock, server.pooler.settings.pooler)  # the tcp_* keys
             try:
                 server.local_port = sock.getsockname()[1]
             except OSError:

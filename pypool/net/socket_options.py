@@ -16,9 +16,35 @@ if TYPE_CHECKING:
 
 
 def tune_tcp(sock: Any, cfg: PoolerSettings) -> None:
-    """Set TCP_NODELAY and the tcp_* options on `sock`, a connected TCP socket."""
-    options: list[tuple[int, int, int]] = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-    options.append((socket.SOL_SOCKET, socket.SO_KEEPALIVE, int(cfg.tcp_keepalive)))
+    """Set the tcp_* options on `sock`, a connected TCP socket. TCP_NODELAY is the event
+    loop's: uvloop's and asyncio's TCP transports both set it on every connection."""
+    options = _options_for(cfg)
+    if not options:
+        return
+    # uvloop's socket stand-in makes a socket object (and a getsockname) per setsockopt:
+    # one real object for them all, detached so that it never closes the descriptor.
+    real = socket.socket(sock.family, sock.type, sock.proto, sock.fileno())
+    try:
+        for level, option, value in options:
+            try:
+                real.setsockopt(level, option, value)
+            except OSError:
+                pass
+    finally:
+        real.detach()
+
+
+# The options of the settings last asked for: a reload makes a new PoolerSettings, so the
+# cache is keyed by that object, and every login until the next reload reuses its list.
+_cached: tuple[object, tuple[tuple[int, int, int], ...]] = (None, ())
+
+
+def _options_for(cfg: PoolerSettings) -> tuple[tuple[int, int, int], ...]:
+    global _cached
+    if _cached[0] is cfg:
+        return _cached[1]
+    options: list[tuple[int, int, int]] = [
+        (socket.SOL_SOCKET, socket.SO_KEEPALIVE, int(cfg.tcp_keepalive))]
     if cfg.tcp_keepalive:
         for name, value in (("TCP_KEEPCNT", cfg.tcp_keepcnt), ("TCP_KEEPIDLE", cfg.tcp_keepidle),
                             ("TCP_KEEPINTVL", cfg.tcp_keepintvl)):
@@ -29,11 +55,8 @@ def tune_tcp(sock: Any, cfg: PoolerSettings) -> None:
     if cfg.tcp_socket_buffer:
         options.append((socket.SOL_SOCKET, socket.SO_SNDBUF, cfg.tcp_socket_buffer))
         options.append((socket.SOL_SOCKET, socket.SO_RCVBUF, cfg.tcp_socket_buffer))
-    for level, option, value in options:
-        try:
-            sock.setsockopt(level, option, value)
-        except OSError:
-            pass
+    _cached = (cfg, tuple(options))
+    return _cached[1]
 
 
 # The least send and receive buffer of a replication connection's two sockets (below).

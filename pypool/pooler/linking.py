@@ -99,6 +99,8 @@ def link(pooler: Pooler, client: ClientConnection, server: ServerConnection,
     # The settings that follow their clients (pooling/session_state.py): the last client's
     # undone and this one's made, only where they differ.
     session = client.session
+    if session is None and server.session_sets:
+        session = client.session_record()  # another client's settings to undo for it
     sync = b""
     if session is not None and (session.sets or server.session_sets):
         sync = sync_statements(server.session_sets, session.sets)

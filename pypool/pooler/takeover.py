@@ -566,9 +566,10 @@ def _restore(pooler: Pooler, client: ClientConnection, state: dict[str, Any]) ->
                 statements.names[_unb64(name)] = statements.registry.acquire(_unb64(body))
             for name, text in state.get("sql_statements", []):
                 statements.sql[_unb64(name)] = _unb64(text)
-        session = client.session
+        sets = state.get("sets", [])
+        session = client.session_record() if sets else None
         if session is not None:
-            for name, statement in state.get("sets", []):
+            for name, statement in sets:
                 session.sets[_unb64(name)] = _unb64(statement)
     except PoolerError as exc:
         client.fail(exc)

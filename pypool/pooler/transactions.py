@@ -64,6 +64,9 @@ def ready_for_query(pooler: Pooler, client: ClientConnection, status: int) -> No
                 server.close("reply bookkeeping in doubt: ledger and queue disagree")
         return
     session = client.session
+    if session is None and ledger.errors and client.follows is not None:
+        # Its first error: a record made now starts where one made at login would be.
+        session = client.session_record()
     if session is not None and server is not None and (
             session.pending or session.pins or ledger.errors != session.errors_seen):
         session.ready(status, ledger.errors, server.session_sets)
@@ -94,10 +97,12 @@ def session_changed(client: ClientConnection) -> None:
         stats.session_refused += 1
         log.info("%r: refused %s (session_state = reject)", client, ss.label(command))
     reader.refused.clear()
-    if reader.changes and client.session is not None:
-        server = client.server
-        client.session.sent(reader.changes, server.session_sets if server else None)
-    reader.changes.clear()
+    if reader.changes:
+        session = client.session_record()
+        if session is not None:
+            server = client.server
+            session.sent(reader.changes, server.session_sets if server else None)
+        reader.changes.clear()
 
 
 def _pinned(client: ClientConnection, session: ss.ClientSession) -> None:
