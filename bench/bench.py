@@ -181,7 +181,9 @@ def run_all(args, selected, targets, ctx) -> list[dict]:
         label = f"{scenario.name}-{target.name}-r{round_number}"
         print(f"[{number}/{len(plan)}] {label}: ", end="", flush=True)
         try:
-            target.start(ctx.cluster)
+            auth_file = ctx.workdir / scenario.auth_file
+            target.start(ctx.cluster, overrides={"auth_file": auth_file}
+                         if scenario.auth_file != poolers.USERLIST else None)
         except poolers.PoolerError as error:
             target.unavailable = f"failed to start: {error}"
             print(f"SKIPPING {target.name} from now on, it failed to start:\n{error}")

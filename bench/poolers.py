@@ -29,6 +29,10 @@ import procstats
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_POOL_SIZE = 20
 MAX_PREPARED_STATEMENTS = 200
+# The auth_files make_targets writes in the run's directory: the role's SCRAM secret as
+# PostgreSQL stores it (every scenario but one), and its password in plain text.
+USERLIST = "userlist.txt"
+PLAIN_USERLIST = "userlist-plain.txt"
 PORT_RANGE = (15000, 32000)  # below the kernel's ephemeral ports (32768 and up)
 
 
@@ -68,22 +72,26 @@ class Target:
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
 
-    def start(self, cluster: pg_cluster.Cluster, timeout: float = 30.0) -> None:
+    def start(self, cluster: pg_cluster.Cluster, timeout: float = 30.0,
+              overrides: dict[str, object] | None = None) -> None:
         """Start the pooler and wait until a login and ``SELECT 1`` through it succeed.
+        `overrides`: ini keys of this start only (a scenario's auth_file).
 
         A failed start is tried once more on another port before it counts.
         """
         if self.kind == "direct":
             return
         try:
-            self._start(cluster, timeout)
+            self._start(cluster, timeout, overrides or {})
         except PoolerError:
-            self._start(cluster, timeout)
+            self._start(cluster, timeout, overrides or {})
 
-    def _start(self, cluster: pg_cluster.Cluster, timeout: float) -> None:
+    def _start(self, cluster: pg_cluster.Cluster, timeout: float,
+               overrides: dict[str, object]) -> None:
         assert self.ini is not None and self.logfile is not None
         self.port = free_port()
-        self.ini.write_text(ini_text(dict(self.settings, listen_port=self.port), cluster))
+        self.ini.write_text(
+            ini_text(dict(self.settings, listen_port=self.port, **overrides), cluster))
         with open(self.logfile, "a") as log:
             log.write(f"=== {time.strftime('%H:%M:%S')} {' '.join(self.command)}\n")
             log.flush()
@@ -194,11 +202,13 @@ def make_targets(
     pgbouncer_has_prepared: bool,
 ) -> list[Target]:
     """Write the auth_file and return the targets in the order they are to alternate."""
-    userlist = workdir / "userlist.txt"
-    userlist.write_text(f'"{cluster.user}" "{cluster.scram_secret()}"\n')
-    userlist.chmod(0o600)
-    if os.geteuid() == 0:  # PgBouncer refuses to run as root and runs as postgres
-        shutil.chown(userlist, "postgres", "postgres")
+    userlist = workdir / USERLIST
+    for path, secret in ((userlist, cluster.scram_secret()),
+                         (workdir / PLAIN_USERLIST, cluster.password)):
+        path.write_text(f'"{cluster.user}" "{secret}"\n')
+        path.chmod(0o600)
+        if os.geteuid() == 0:  # PgBouncer refuses to run as root and runs as postgres
+            shutil.chown(path, "postgres", "postgres")
     settings: dict[str, object] = {
         "listen_addr": "127.0.0.1",
         "unix_socket_dir": "",

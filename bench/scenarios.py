@@ -49,6 +49,9 @@ class Scenario:
     higher_is_better: bool = True
     direct: bool = True  # also run against PostgreSQL without a pooler
     sslmode: str = "disable"  # libpq's PGSSLMODE for the clients ("require": over TLS)
+    # The poolers' auth_file, in the run's directory: PLAIN_USERLIST holds the password
+    # itself, which makes each SCRAM login "ad hoc" (the pooler derives the verifier).
+    auth_file: str = poolers.USERLIST
 
 
 def _select(mode: str, clients: int, threads: int) -> tuple[str, ...]:
@@ -87,6 +90,15 @@ SCENARIOS = [
         "connect-c20",
         "pgbench -S -C: a new connection (SCRAM login) for every transaction, 20 clients, -j 4",
         ("-S", "-C", "-M", "simple", "-c", "20", "-j", "4"),
+    ),
+    Scenario(
+        "connect-plain-c20",
+        "pgbench -S -C with the password in plain text in the auth_file: each SCRAM login "
+        "is ad hoc (the pooler must derive a verifier: PBKDF2 unless it keeps one), 20 "
+        "clients, -j 4",
+        ("-S", "-C", "-M", "simple", "-c", "20", "-j", "4"),
+        direct=False,
+        auth_file=poolers.PLAIN_USERLIST,
     ),
     Scenario(
         "queue-c100",
