@@ -30,7 +30,6 @@ from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..protocol.startup import MAX_AUTH_MESSAGE, CancelRequest
 from . import outbox, tls
-from .socket_options import tune_tcp
 from .unix_socket import os_user_name, peer_uid
 
 if TYPE_CHECKING:
@@ -80,17 +79,17 @@ class ClientLogin:
         settings = client.pooler.settings.pooler
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
-            # Interned: thousands of clients from one application host share one string.
+            # TCP. Its tcp_* options are its listener's (net/socket_options.py,
+            # tune_listeners). Interned: the clients of one application host share one string.
             client.peer = (sys.intern(str(peer[0])), int(peer[1]))
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            tune_tcp(sock, settings)  # the tcp_* keys
-        elif sock is not None and sock.family == socket.AF_UNIX:
-            client.peer = ("unix", settings.listen_port)
-            try:
-                client.peer_uid = peer_uid(sock)
-            except OSError as exc:
-                log.warning("%r: unix peer uid failed: %s", client, exc)
+        else:
+            sock = transport.get_extra_info("socket")
+            if sock is not None and sock.family == socket.AF_UNIX:
+                client.peer = ("unix", settings.listen_port)
+                try:
+                    client.peer_uid = peer_uid(sock)
+                except OSError as exc:
+                    log.warning("%r: unix peer uid failed: %s", client, exc)
         if self.adopting is not None:
             # Passed by the process this one took over (pooler/takeover.py), logged in
             # there: no startup packet comes; set up now, before its first byte is read.

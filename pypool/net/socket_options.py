@@ -1,4 +1,5 @@
-"""The [pgbouncer] tcp_* keys, applied to each TCP socket the pooler opens or accepts.
+"""The [pgbouncer] tcp_* keys, applied to each TCP socket the pooler opens, and to its
+listening sockets, whose options each accepted client socket inherits (tune_listeners).
 
 tcp_keepalive (with tcp_keepcnt, tcp_keepidle, tcp_keepintvl), tcp_user_timeout (in
 milliseconds) and tcp_socket_buffer (send and receive buffers), as PgBouncer's tune_socket
@@ -8,19 +9,24 @@ failing setsockopt never fails the connection.
 
 from __future__ import annotations
 
+import logging
 import socket
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from ..settings import PoolerSettings
+
+log = logging.getLogger("pypool")
 
 
 def tune_tcp(sock: Any, cfg: PoolerSettings) -> None:
     """Set the tcp_* options on `sock`, a connected TCP socket. TCP_NODELAY is the event
     loop's: uvloop's and asyncio's TCP transports both set it on every connection."""
-    options = _options_for(cfg)
-    if not options:
-        return
+    _set_options(sock, _options_for(cfg))
+
+
+def _set_options(sock: Any, options: Iterable[tuple[int, int, int]]) -> None:
     # uvloop's socket stand-in makes a socket object (and a getsockname) per setsockopt:
     # one real object for them all, detached so that it never closes the descriptor.
     real = socket.socket(sock.family, sock.type, sock.proto, sock.fileno())
@@ -32,6 +38,55 @@ def tune_tcp(sock: Any, cfg: PoolerSettings) -> None:
                 pass
     finally:
         real.detach()
+
+
+def tune_listeners(listeners: Iterable[Any], cfg: PoolerSettings) -> None:
+    """Set the tcp_* options on the listening TCP sockets of `listeners` (asyncio Servers).
+    Linux gives every accepted socket its listener's options (SO_KEEPALIVE, the TCP_KEEP*
+    values, TCP_USER_TIMEOUT, the buffer sizes), so a client login makes no setsockopt call
+    and no socket object for it, where PgBouncer's tune_socket sets them per connection. A
+    reload re-tunes the listeners for the clients accepted after it; so that a key set back
+    to 0 means the kernel's default again, every keepalive value is set, 0 as the kernel's
+    own (net.ipv4.tcp_keepalive_*). Only buffer sizes cannot go back: a socket whose size
+    was set is no longer autotuned, so tcp_socket_buffer back to 0 waits for a restart."""
+    options = list(_options_for(cfg))
+    if cfg.tcp_keepalive:
+        given = {option for _, option, _ in options}
+        for name, default in _KERNEL_KEEPALIVE:
+            option = getattr(socket, name, None)
+            if option is not None and option not in given and default:
+                options.append((socket.IPPROTO_TCP, option, default))
+    if not cfg.tcp_user_timeout and hasattr(socket, "TCP_USER_TIMEOUT"):
+        options.append((socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 0))
+    for listener in listeners:
+        for sock in listener.sockets or ():
+            if sock.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            _set_options(sock, options)
+            if cfg.tcp_socket_buffer:
+                _buffered.add(sock.fileno())
+            elif sock.fileno() in _buffered:
+                log.warning("tcp_socket_buffer = 0: clients accepted from now on keep the "
+                            "size set before until a restart (a socket given a size is no "
+                            "longer autotuned)")
+
+
+def _kernel_keepalive() -> tuple[tuple[str, int], ...]:
+    """The kernel's keepalive defaults, as the TCP_KEEP* options name them (0: unknown)."""
+    found = []
+    for name, knob in (("TCP_KEEPIDLE", "tcp_keepalive_time"),
+                       ("TCP_KEEPINTVL", "tcp_keepalive_intvl"),
+                       ("TCP_KEEPCNT", "tcp_keepalive_probes")):
+        try:
+            with open(f"/proc/sys/net/ipv4/{knob}") as f:
+                found.append((name, int(f.read().strip())))
+        except (OSError, ValueError):
+            found.append((name, 0))
+    return tuple(found)
+
+
+_KERNEL_KEEPALIVE: Final = _kernel_keepalive()
+_buffered: set[int] = set()  # listening descriptors given a tcp_socket_buffer size
 
 
 # The options of the settings last asked for: a reload makes a new PoolerSettings, so the

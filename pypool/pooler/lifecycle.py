@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from .. import compiled
 from ..net.client import ClientConnection
+from ..net.socket_options import tune_listeners
 from ..net.unix_socket import open_unix_socket
 from ..protocol import errors
 from ..protocol import messages as m
@@ -86,6 +87,7 @@ async def start(pooler: Pooler) -> None:
             backlog=cfg.listen_backlog,
         )
         pooler.listeners.append(server)
+    tune_listeners(pooler.listeners, cfg)  # the tcp_* keys, inherited by each accepted socket
     takeover.listen(pooler, taken.takeover if taken is not None else None)
     log.info("listening on %s:%d; hot path: %s", cfg.listen_addr, cfg.listen_port,
              compiled.status)
@@ -153,6 +155,7 @@ def apply_settings(pooler: Pooler, new: Settings) -> None:
     if new.pooler.verbose != old.pooler.verbose:  # SET verbose, or a reload changing it
         logging.getLogger().setLevel(logging.DEBUG if new.pooler.verbose else logging.INFO)
     pooler.load_auth()
+    tune_listeners(pooler.listeners, new.pooler)  # for the clients accepted from now on
     if pooler.tls.reload(new.pooler):
         # New servers get the new TLS settings; old ones must not keep weaker ones. A login
         # failure cached under the old settings says nothing about the new ones.
