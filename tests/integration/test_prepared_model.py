@@ -209,6 +209,15 @@ async def test_pooled_replies_match_a_direct_connection(pooler, postgres, seed, 
     if depth == "0":
         assert counts["pipelined"] == 0, counts
     else:
+        # Whether a client comes to wait behind a busy server is the interleaving's doing: a
+        # run queues a handful of transactions, and now and then none (seen under the whole
+        # suite's load). Up to two more runs of the model, checked the same way, before the
+        # verdict.
+        for extra in (1, 2):
+            if counts["pipelined"] > 0:
+                break
+            await run_model(p, postgres, seed + 100 * extra, CLIENTS, STEPS)
+            counts = await asyncio.to_thread(scrape, p.host, metrics)
         assert counts["pipelined"] > 0, counts
 
 
