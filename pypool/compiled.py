@@ -39,6 +39,9 @@ HOT_MODULES = (
     "pypool.core.states",
     "pypool.core.exchange",
     "pypool.core.client_login",
+    # The login (connect-per-transaction pays it per transaction): SCRAM and its driver.
+    "pypool.auth.scram",
+    "pypool.net.client_login",
     "pypool.core.server_login",
     "pypool.pooling.params",
     "pypool.pooling.session_state",
