@@ -45,7 +45,9 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
     def __init__(self, pooler: Pooler) -> None:
         ClientRecord.__init__(self, pooler)  # its fields, said once (net/client_record.py)
         self.transport: asyncio.Transport | None = None
-        self.login = ClientLogin(self)  # to its ReadyForQuery (net/client_login.py)
+        # Its login, to its ReadyForQuery (net/client_login.py); None after the welcome,
+        # which is the last the login does: an idle client holds none of it.
+        self.login: ClientLogin | None = ClientLogin(self)
         self._reading_paused = False
 
     def on(self, event: int, now: float = 0.0) -> None:
@@ -58,6 +60,7 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        assert self.login is not None
         self.login.connected(transport)  # who it is (its address, its uid), then its startup
         self.pooler.client_connected(self)
 
@@ -97,8 +100,10 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
             elif self.state is ClientState.WAITING:
                 self.relay(data)
             elif self.state is ClientState.STARTUP:
+                assert self.login is not None
                 self.login.startup_data(data)
             elif self.state is ClientState.AUTH:
+                assert self.login is not None
                 self.login.auth_data(data)
             elif self.state is ClientState.WELCOME:
                 # Nothing is expected before ReadyForQuery; keep it for later.
@@ -137,9 +142,12 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    def welcome(self, server_params: dict[str, str]) -> None:
-        """The end of the login (net/client_login.py): AuthenticationOk to ReadyForQuery."""
-        self.login.welcome(server_params)
+    def welcome(self, server_params: dict[str, str], send: bool = True) -> None:
+        """The end of the login (net/client_login.py): AuthenticationOk to ReadyForQuery.
+        `send` False: a client taken over from another process, welcomed there already."""
+        login, self.login = self.login, None
+        if login is not None:
+            login.welcome(server_params, send)
 
     # --- the hot path: client to server (framing, counting, rewriting: core/frontend.py) ---
 

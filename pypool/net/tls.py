@@ -358,9 +358,11 @@ async def _direct_handshake(client: ClientConnection, tls: Tls, waiter: asyncio.
         await waiter
     except Exception as exc:  # noqa: BLE001 - any failure ends this client's login
         tls.count("client", False)
-        client.login.tls_failed(_reason(exc))
+        if client.login is not None:
+            client.login.tls_failed(_reason(exc))
         return
     tls.count("client", True)
+    assert client.login is not None  # still logging in: the handshake is part of it
     client.login.tls_started(layer._app_transport, tls.client, direct=True)  # noqa: SLF001
 
 
@@ -375,13 +377,16 @@ async def accept_client(client: ClientConnection, tls: Tls, timeout: float) -> N
                                    ssl_handshake_timeout=timeout or None)
     except Exception as exc:  # noqa: BLE001 - any failure ends this client's login
         tls.count("client", False)
-        client.login.tls_failed(_reason(exc))
+        if client.login is not None:
+            client.login.tls_failed(_reason(exc))
         return
     if new is None:  # the connection went away meanwhile
         tls.count("client", False)
-        client.login.tls_failed("connection closed during the TLS handshake")
+        if client.login is not None:
+            client.login.tls_failed("connection closed during the TLS handshake")
         return
     tls.count("client", True)
+    assert client.login is not None  # still logging in: the handshake is part of it
     client.login.tls_started(new, tls.client)  # type: ignore[arg-type]  # uvloop's is no subclass
 
 

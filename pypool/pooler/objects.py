@@ -345,6 +345,7 @@ class Pooler:
             self.client_counts.admit(self.settings, client)
             if cfg.log_connections:
                 log.info("%r: pgbouncer access from unix socket", client)
+            assert client.login is not None  # logging in
             client.login.start_auth(None, "trust")
             return
         self.client_counts.admit(self.settings, client)
@@ -438,7 +439,7 @@ class Pooler:
         if failing is not None:
             raise failing
         if pool.server_params is not None:
-            client.login.welcome(pool.server_params)
+            client.welcome(pool.server_params)
             return
         pool.awaiting_params.append(client)
         self.launch_servers(pool)
@@ -620,4 +621,5 @@ def _start_auth(client: ClientConnection, secret: str | None, auth_type: str,
     auth_query, `known`, with or without a password)."""
     if auth_type == "trust" and secret is None and not known:
         raise PoolerError('"trust" authentication failed', side=errors.Side.CLIENT)
+    assert client.login is not None  # logging in
     client.login.start_auth(secret, auth_type)

@@ -272,7 +272,7 @@ def server_logged_in(pooler: Pooler, server: ServerConnection) -> None:
     waiting_for_params, pool.awaiting_params = pool.awaiting_params, []
     for client in waiting_for_params:
         if client.state is ClientState.WELCOME:
-            client.login.welcome(pool.server_params)
+            client.welcome(pool.server_params)
     entry = pooler.settings.database(pool.database) or pooler.retired.get(pool.database)
     if entry is not None and entry.connect_query:
         # Before any client: its replies are hidden, the first client's requests follow.

@@ -535,6 +535,7 @@ async def adopt(pooler: Pooler, state: dict[str, Any], fd: int) -> bool:
         client = ClientConnection(pooler)
         # Set up inside connection_made, before the transport reads a byte (uvloop reads
         # at once after it: a pause there is not honoured).
+        assert client.login is not None
         client.login.adopting = lambda: _restore(pooler, client, state)
         await pooler.loop.connect_accepted_socket(lambda: client, sock=sock)
     except BaseException:
@@ -559,7 +560,7 @@ def _restore(pooler: Pooler, client: ClientConnection, state: dict[str, Any]) ->
         client.on(ClientEvent.AUTHENTICATED)
         client.cancel_key = key
         pooler.cancel_keys[key] = client
-        client.login.welcome(pool.server_params or {}, send=False)
+        client.welcome(pool.server_params or {}, send=False)
         statements = client.statements
         if statements is not None:
             for name, body in state.get("statements", []):
