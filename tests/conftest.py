@@ -275,8 +275,13 @@ def pooler(postgres: EmbeddedPostgres, tmp_path: Path) -> Iterator[PoolerFactory
     ) -> Pooler:
         workdir = tmp_path / f"pooler-{len(started) + 1}"
         workdir.mkdir()
+        # Not a port the overrides name (a test's metrics_port, from free_port() too: both
+        # free now, the same number can come up twice).
+        named = {str(value) for key, value in (ini_overrides or {}).items()
+                 if key.endswith("_port") and value}
         port = free_port()
-        while port == postgres.port or any(p.port == port for p in started):
+        while (port == postgres.port or any(p.port == port for p in started)
+               or str(port) in named):
             port = free_port()
         userlist_path = workdir / "userlist.txt"
         server = f"host={postgres.host} port={postgres.port}"
