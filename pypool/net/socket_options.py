@@ -9,7 +9,6 @@ failing setsockopt never fails the connection.
 
 from __future__ import annotations
 
-import logging
 import socket
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
@@ -17,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from ..settings import PoolerSettings
 
-log = logging.getLogger("pypool")
 
 
 def tune_tcp(sock: Any, cfg: PoolerSettings) -> None:
@@ -48,7 +46,8 @@ def tune_listeners(listeners: Iterable[Any], cfg: PoolerSettings) -> None:
     reload re-tunes the listeners for the clients accepted after it; so that a key set back
     to 0 means the kernel's default again, every keepalive value is set, 0 as the kernel's
     own (net.ipv4.tcp_keepalive_*). Only buffer sizes cannot go back: a socket whose size
-    was set is no longer autotuned, so tcp_socket_buffer back to 0 waits for a restart."""
+    was set is no longer autotuned, so tcp_socket_buffer back to 0 waits for a restart
+    (lifecycle.apply_settings says so)."""
     options = list(_options_for(cfg))
     if cfg.tcp_keepalive:
         given = {option for _, option, _ in options}
@@ -63,12 +62,6 @@ def tune_listeners(listeners: Iterable[Any], cfg: PoolerSettings) -> None:
             if sock.family not in (socket.AF_INET, socket.AF_INET6):
                 continue
             _set_options(sock, options)
-            if cfg.tcp_socket_buffer:
-                _buffered.add(sock.fileno())
-            elif sock.fileno() in _buffered:
-                log.warning("tcp_socket_buffer = 0: clients accepted from now on keep the "
-                            "size set before until a restart (a socket given a size is no "
-                            "longer autotuned)")
 
 
 def _kernel_keepalive() -> tuple[tuple[str, int], ...]:
@@ -86,7 +79,6 @@ def _kernel_keepalive() -> tuple[tuple[str, int], ...]:
 
 
 _KERNEL_KEEPALIVE: Final = _kernel_keepalive()
-_buffered: set[int] = set()  # listening descriptors given a tcp_socket_buffer size
 
 
 # The options of the settings last asked for: a reload makes a new PoolerSettings, so the

@@ -156,6 +156,9 @@ def apply_settings(pooler: Pooler, new: Settings) -> None:
         logging.getLogger().setLevel(logging.DEBUG if new.pooler.verbose else logging.INFO)
     pooler.load_auth()
     tune_listeners(pooler.listeners, new.pooler)  # for the clients accepted from now on
+    if old.pooler.tcp_socket_buffer and not new.pooler.tcp_socket_buffer:
+        log.warning("tcp_socket_buffer = 0 takes effect at restart: the listening sockets "
+                    "keep the size set before (a socket given a size is no longer autotuned)")
     if pooler.tls.reload(new.pooler):
         # New servers get the new TLS settings; old ones must not keep weaker ones. A login
         # failure cached under the old settings says nothing about the new ones.
