@@ -375,6 +375,8 @@ class EmbeddedPostgres:
             "port": str(self.port),
             "unix_socket_directories": f"'{self.socket_dir}'",
             "max_connections": "300",
+            # two-phase commit usable, as on most production servers that pool behind pypool
+            "max_prepared_transactions": "20",
             "password_encryption": "'scram-sha-256'",
             # durability is worthless for a throwaway cluster; speed is not
             "fsync": "off",

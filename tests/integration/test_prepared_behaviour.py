@@ -275,3 +275,32 @@ async def test_malformed_message_while_waiting_for_a_server(pooler):
     assert kinds(got) == "12DCZ"
     for wire in (holder, good):
         await wire.close()
+
+
+async def test_dropping_an_unsure_name_in_an_open_segment_never_fails_the_client(
+        pooler, postgres):
+    """A SQL-level name the pooler is unsure of (a DO block ran that may prepare) is dropped
+    with a Close before another client's PREPARE of the same name. When that client's
+    extended segment is still open, the Close joins it (no Sync): a hidden DEALLOCATE there
+    fails and aborts the client's transaction."""
+    p = pooler(ini_overrides={"default_pool_size": "1"})
+    a, b = await connect(p), await connect(p)
+    plain = await direct(postgres)
+    try:
+        assert kinds(await a.run(Q("PREPARE s AS SELECT 1"))) == "CZ"
+        # A DEALLOCATE the pooler cannot follow: every SQL-level name on the server becomes
+        # UNSURE, and `s` is in fact gone.
+        assert kinds(await a.run(Q("SELECT 1; DEALLOCATE s"))) == "TDCCZ"
+        for wire in (b, plain):
+            assert kinds(await wire.run(Q("BEGIN"))) == "CZ"
+        script = (P("", "SELECT 2"), B("", ""), E(), Q("PREPARE s AS SELECT 3"),
+                  Q("EXECUTE s"), S())
+        got = await b.run(*script, syncs=3)
+        want = await plain.run(*script, syncs=3)
+        assert got == want
+        assert ("D", ("3",)) in got
+        for wire in (b, plain):
+            assert await wire.run(Q("COMMIT")) == [("C", "COMMIT"), ("Z", "I")]
+    finally:
+        for wire in (a, b, plain):
+            await wire.close()

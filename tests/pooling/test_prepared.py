@@ -588,6 +588,9 @@ def test_sql_deallocate_and_execute_of_a_protocol_level_statement():
         (b"DEALLOCATE ALL", b"deallocate", b""),
         (b"DEALLOCATE PREPARE ALL", b"deallocate", b""),
         (b"DISCARD ALL", b"discard", b""),
+        (b"PREPARE transaction AS SELECT 1", b"prepare", b"transaction"),
+        (b"PREPARE transaction (int) AS SELECT $1", b"prepare", b"transaction"),
+        (b"PREPARE foo/* c */AS SELECT 1", b"prepare", b"foo"),
     ],
 )
 def test_parse_sql_command(text: bytes, verb: bytes, name: bytes):
@@ -595,7 +598,12 @@ def test_parse_sql_command(text: bytes, verb: bytes, name: bytes):
     assert command is not None and (command.verb, command.name) == (verb, name)
 
 
-@pytest.mark.parametrize("text", [b"SELECT 1", b"EXPLAIN EXECUTE foo", b"PREPARED", b""])
+@pytest.mark.parametrize("text", [
+    b"SELECT 1", b"EXPLAIN EXECUTE foo", b"PREPARED", b"",
+    # two-phase commit: no statement is prepared, whatever the first word says
+    b"PREPARE TRANSACTION 'gid'", b"prepare transaction E'g\\'id'",
+    b"PREPARE TRANSACTION $$gid$$", b"PREPARE /* c */ TRANSACTION 'x'", b"PREPARE foo",
+])
 def test_parse_sql_command_ignores_others(text: bytes):
     assert parse_sql_command(text) is None
 
@@ -778,6 +786,46 @@ def test_a_prepare_in_a_multi_statement_query_is_dropped_before_another_clients(
     b.reply(CLOSE_COMPLETE, ready(), complete(b"PREPARE"), ready())
     assert b.take()[1] == complete(b"PREPARE") + ready()
     assert server.sql == {b"q": b"PREPARE q AS SELECT 2"}
+
+
+def test_prepare_transaction_is_no_statement_and_is_never_replayed():
+    """Two-phase commit's PREPARE TRANSACTION 'gid': not a statement named `transaction`,
+    so nothing is recorded, dropped before the next one, or replayed on another server."""
+    registry = Registry()
+    a = Link(registry=registry)
+    text = b"PREPARE TRANSACTION 'gid-1'"
+    a.send(query(b"BEGIN"))
+    a.reply(complete(b"BEGIN"), ready(b"T"))
+    a.take()
+    a.send(query(text))
+    assert a.to_server == query(text)  # alone: no hidden DEALLOCATE before it
+    a.reply(complete(b"PREPARE TRANSACTION"), ready())
+    assert not a.client.sql and not a.server.sql and not a.server.stale  # nothing to replay
+    server = a.server
+    server.detach()
+    b = Link(registry=registry)
+    b.move_to(server)
+    b.take()
+    b.send(query(b"PREPARE TRANSACTION 'gid-2'"))
+    assert b.to_server == query(b"PREPARE TRANSACTION 'gid-2'")
+
+
+def test_an_unsure_name_is_closed_inside_an_open_segment_without_a_sync():
+    """A Sync would end the client's open extended segment, and a DEALLOCATE of a name the
+    server may not have would fail and abort its transaction: a lone Close, in the segment."""
+    registry = Registry()
+    a = Link(registry=registry)
+    a.send(query(b"PREPARE q AS SELECT 1; SELECT 1/0"))
+    a.reply(complete(b"PREPARE"), error("22012", "division by zero"), ready())
+    assert a.server.sql == {b"q": b""}
+    server = a.server
+    server.detach()
+    b = Link(registry=registry)
+    b.move_to(server)
+    b.take()
+    b.send(parse(b"", b"SELECT 2"), bind(b""), execute(), query(b"PREPARE q AS SELECT 2"))
+    assert b.to_server.endswith(close(b"S", b"q") + query(b"PREPARE q AS SELECT 2"))
+    assert SYNC not in b.to_server and b"DEALLOCATE" not in b.to_server
 
 
 def test_a_client_sql_statement_is_prepared_again_on_a_distrusted_server():

@@ -1,7 +1,10 @@
 """SQL-level prepared statements: recognising a simple Query that is a PREPARE, EXECUTE,
 DEALLOCATE or DISCARD, and the names a server has prepared that way.
 
-Only the first command of a Query is looked at, and only Queries whose first byte could
+A PREPARE is one only when `(` or AS follows its name, as in PostgreSQL's grammar:
+`PREPARE TRANSACTION 'gid'` (two-phase commit) prepares no statement, and taking it for one
+once made the pooler run a hidden DEALLOCATE inside the next client's transaction, which
+aborted it. Only the first command of a Query is looked at, and only Queries whose first byte could
 start one (or whitespace or a comment) are looked at all, so the hot path of other simple
 queries pays one set lookup.
 
@@ -60,6 +63,13 @@ _SQL_NAME: Final = re.compile(
     rb'(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)+("(?:[^"]|"")+"|[A-Za-z_\x80-\xff][A-Za-z0-9_$\x80-\xff]*)',
     re.S,
 )
+# What follows a PREPARE's name: its parameter types or AS. Anything else is not a prepared
+# statement: `PREPARE TRANSACTION 'gid'` (two-phase commit) names no statement at all.
+_PREPARE_BODY: Final = re.compile(rb"(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)*(?:\(|as\b)", re.I | re.S)
+# A Query that is one PREPARE TRANSACTION and nothing else: it changes no statement, so it
+# needs no distrust (a longer text that merely contains it still gets one).
+_PREPARE_TRANSACTION: Final = re.compile(
+    rb"\s*prepare\s+transaction\s+'(?:[^']|'')*'\s*;?\s*", re.I)
 
 
 class SqlCommand:
@@ -91,6 +101,8 @@ def parse_sql_command(text: bytes) -> SqlCommand | None:
     if name_match is None:
         return None
     raw = name_match.group(1)
+    if verb == b"prepare" and _PREPARE_BODY.match(text, name_match.end()) is None:
+        return None  # PREPARE TRANSACTION, or not a statement PostgreSQL would accept
     if verb == b"deallocate" and raw.lower() == b"prepare":
         following = _SQL_NAME.match(text, name_match.end())
         if following is not None:
@@ -139,7 +151,8 @@ class SqlNames(ServerCache):
         command = parse_sql_command(data[pos + 5 : end - 1])
         client = self.client
         if command is None or client is None:
-            if client is not None and touches_text(data, pos + 5, end - 1):
+            if (client is not None and touches_text(data, pos + 5, end - 1)
+                    and _PREPARE_TRANSACTION.fullmatch(data, pos + 5, end - 1) is None):
                 # A DO block or the like that may change the server's statements unseen.
                 if self.undoable and self._must_wait():
                     return WAIT
@@ -206,16 +219,21 @@ class SqlNames(ServerCache):
         return query_message(text)
 
     def _drop_sql(self, name: bytes) -> bytes:
-        """Drop the SQL-level statement `name` from the server: a hidden DEALLOCATE, or where
-        the server may not have it (UNSURE), a Close and Sync, which never fail (not even in
-        a failed transaction block). The Sync would end a segment of the client's still
-        open (an extended request queued last), so then the DEALLOCATE, whose error is
-        swallowed."""
+        """Drop the SQL-level statement `name` from the server: a hidden DEALLOCATE where the
+        server has it, or where it may not (UNSURE), a Close, which never fails, not even in
+        a failed transaction block. A hidden statement that could fail must never run, since
+        inside the client's transaction its error would abort the transaction. The Close is
+        followed by a Sync, unless a segment of the client's is still open (an extended
+        request queued last): a Sync would end it, so then the Close joins that segment, and
+        an error before it skips the Close and the client's Query alike."""
         queue = self.queue
-        if self.sql.get(name) != UNSURE or (queue and queue[-1][R_WAIT] < W_SYNC):
+        if self.sql.get(name) != UNSURE:
             return self._hidden(b"DEALLOCATE " + quote_ident(name), name, None)
         del self.sql[name]
+        segment_open = bool(queue) and queue[-1][R_WAIT] < W_SYNC
         self._push((W_CLOSE, True, OP_NONE, None, None, self.segment, None))
+        if segment_open:
+            return close_statement(name)
         self._push(HIDDEN_SYNC)
         self.segment += 1
         return close_statement(name) + m.sync()
