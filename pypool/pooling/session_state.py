@@ -319,6 +319,10 @@ def classify(text: bytes, start: int = 0) -> list[Command]:
             return [Command(RESET_ALL)]
         if words[1] == b"session" and words[2:3] == [b"authorization"]:
             return [Command(RESET, SESSION_AUTHORIZATION)]
+        if words[1] == b"time" and words[2:3] == [b"zone"]:
+            return [Command(RESET, b"timezone")]  # the grammar's spelling of RESET timezone
+        if words[1] == b"transaction" and words[2:3] == [b"isolation"]:
+            return []  # transaction-local, like SET TRANSACTION
         return [Command(RESET, _setting(words[1]))]
     if verb == b"discard":
         what = words[1] if len(words) > 1 else b""
@@ -373,19 +377,21 @@ def _setting(word: bytes) -> bytes:
 
 
 def _set(text: bytes, pos: int, words: list[bytes]) -> list[Command]:
-    if len(words) < 2 or words[1] in _TRANSACTION_LOCAL:
+    # SET SESSION x is SET x (the grammar's SET SESSION set_rest): the forms below are read
+    # after the noise word too (SET SESSION SESSION AUTHORIZATION, SET SESSION TRANSACTION).
+    i = 2 if words[1:2] == [b"session"] and words[2:3] not in ([b"authorization"],
+                                                               [b"characteristics"]) else 1
+    if len(words) <= i or words[i] in _TRANSACTION_LOCAL:
         return []  # SET LOCAL, SET TRANSACTION, SET CONSTRAINTS: gone at the transaction's end
     statement, alone = single(text, pos)
-    i = 1
-    if words[1] == b"session":
-        if words[2:3] == [b"characteristics"]:
+    if words[i] == b"session":
+        if words[i + 1 : i + 2] == [b"characteristics"]:
             return [Command(UNTRACKABLE, b"session characteristics")]
-        if words[2:3] == [b"authorization"]:
+        if words[i + 1 : i + 2] == [b"authorization"]:
             name = SESSION_AUTHORIZATION
+            if i == 2:
+                statement = b"SET " + statement[statement.lower().index(b"session") + 7 :].lstrip()
             return [Command(SET, name, statement) if alone else Command(UNTRACKABLE, name)]
-        i = 2
-    if len(words) <= i:
-        return []
     first = words[i]
     if first == b"role":
         name = ROLE

@@ -84,6 +84,17 @@ def kinds(sql: str) -> list[int]:
     ("ROLLBACK TO SAVEPOINT s", [Command(ss.ROLLBACK_TO)]),
     ("ROLLBACK TRANSACTION TO s", [Command(ss.ROLLBACK_TO)]),
     ("ROLLBACK PREPARED 'x'", []),
+    # Forms that begin like another (tests/integration/test_sql_keywords.py checks them all
+    # against PostgreSQL).
+    ("RESET TIME ZONE", [Command(ss.RESET, b"timezone")]),
+    ("RESET TRANSACTION ISOLATION LEVEL", []),
+    ("SET SESSION TRANSACTION ISOLATION LEVEL SERIALIZABLE", []),
+    ("SET SESSION SESSION AUTHORIZATION app",
+     [Command(ss.SET, ss.SESSION_AUTHORIZATION, b"SET SESSION AUTHORIZATION app")]),
+    ("SET SESSION SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+     [Command(ss.UNTRACKABLE, b"session characteristics")]),
+    ("PREPARE TRANSACTION 'x'", []),
+    ("COMMIT PREPARED 'x'", []),
 ])
 def test_classify(sql: str, expected: list[Command]) -> None:
     assert classify(sql.encode()) == expected
