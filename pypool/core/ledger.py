@@ -36,6 +36,7 @@ the caller releases the server only then, on a ReadyForQuery with status `I`.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Final
 
 from ..protocol import messages as m
@@ -77,7 +78,9 @@ class FrontendLedger:
     server's ReadyForQuery, CopyIn/Out/BothResponse and copy-in ErrorResponse as they come."""
 
     def __init__(self) -> None:
-        self.owed: list[int] = []
+        # A deque: a client may pipeline a million Queries before it reads a reply, and each
+        # ReadyForQuery takes the oldest (a list's pop(0) made that quadratic).
+        self.owed: deque[int] = deque()
         self.pending = 0
         self.unsynced = False
         self.copy = NO_COPY
@@ -174,7 +177,7 @@ class FrontendLedger:
                 struck += 1
                 continue
             kept.append(entry)
-        self.owed = kept
+        self.owed = deque(kept)
         if ended:
             if self.copy_extended and _SYNC not in kept:
                 self.unsynced = True
@@ -202,13 +205,13 @@ class FrontendLedger:
         is owed nothing more."""
         owed = self.owed
         while owed:
-            entry = owed.pop(0)
+            entry = owed.popleft()
             if entry != _COPY_DONE and entry != _COPY_FAIL:
                 break
         # A CopyDone/CopyFail now at the front ended a COPY of the request just answered
         # (or was sent after it was refused): it bounds no COPY to come.
         while owed and (owed[0] == _COPY_DONE or owed[0] == _COPY_FAIL):
-            owed.pop(0)
+            owed.popleft()
         if self.pending > 0:
             self.pending -= 1
         else:

@@ -106,8 +106,10 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
                 assert self.login is not None
                 self.login.auth_data(data)
             elif self.state is ClientState.WELCOME:
-                # Nothing is expected before ReadyForQuery; keep it for later.
+                # Nothing is expected before ReadyForQuery; keep it for later, up to a
+                # point (a login can wait long for its pool's first server).
                 self.reader.partial += data
+                outbox.hold_back(self)
         except PoolerError as exc:
             self.fail(exc)
         except FramingError as bad:  # own name: mypyc types a name by its first except
@@ -158,6 +160,8 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
         st = server.statements if server is not None and self.statements is not None else None
         reader = self.reader
         out = reader.feed(data, st, server is not None)
+        if reader.blocked:
+            outbox.hold_back(self)  # what it sends meanwhile waits unread: up to a point
         if reader.changes or reader.refused:
             self.pooler.session_changed(self)  # pooler/transactions.py
         if reader.began:

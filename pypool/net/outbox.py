@@ -13,7 +13,10 @@ server, or the link's check and SET are still to be answered). `resume_rewriting
 on with what was held then, and `carry_on` with what the client sent meanwhile.
 
 Flow control: a client waiting for a server with more than OUTBOX_HIGH_WATER bytes kept has
-its reads paused until the outbox is taken, as a full socket buffer would stop it.
+its reads paused until the outbox is taken, as a full socket buffer would stop it. So does a
+client whose bytes wait unread (`hold_back`: in its request reader while that is blocked, or
+before its login's ReadyForQuery): `carry_on` reads them and resumes it. Whatever a client
+sends faster than the pooler can pass it on is left in the kernel's buffers, never in ours.
 
 The outbox lives on the ClientConnection (plain attributes, no object of its own); this
 module owns what is done with it. It never decides a link or a release.
@@ -109,7 +112,22 @@ def resume_rewriting(client: ClientConnection) -> None:
     carry_on(client)
 
 
+def hold_back(client: ClientConnection) -> None:
+    """The client's bytes wait unread (its reader is blocked, or its login is not over):
+    past the high-water mark, stop reading it until `carry_on`."""
+    if len(client.reader.partial) > OUTBOX_HIGH_WATER:
+        client.pause_reading()
+
+
 def carry_on(client: ClientConnection) -> None:
-    """Relay what the client sent while it had to wait (login, a WAIT, a SET)."""
-    if client.reader.partial:
-        client.relay(client.reader.take_partial())
+    """Relay what the client sent while it had to wait (login, a WAIT, a SET), and read it
+    again if `hold_back` had stopped that and nothing else still has to."""
+    reader = client.reader
+    if reader.partial:
+        client.relay(reader.take_partial())
+    server = client.server
+    if (client._reading_paused and not reader.blocked
+            and client.state is not ClientState.CLOSED
+            and client.outbox_size <= OUTBOX_HIGH_WATER
+            and (server is None or not server.writing_paused)):
+        client.resume_reading()

@@ -1,0 +1,181 @@
+"""Floods: a client that sends faster than the pooler can pass its bytes on.
+
+Whatever a client sends before it has a server, while its requests wait on a reply, or
+faster than it reads, must stop being read (back-pressure: the kernel's buffers fill and
+the client's send blocks), never be buffered without bound; the work per message must not
+grow with the backlog; and everyone else keeps being served meanwhile. Each test floods
+for a few seconds with a canary client beside it, then bounds the pooler's memory.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from pypool.protocol import messages as m
+from tests.integration.rawclient import RawClient
+
+pytestmark = pytest.mark.timeout(120)
+
+MiB = 1 << 20
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def _flood(sock: socket.socket, chunk: bytes, seconds: float, limit: int) -> int:
+    """Send `chunk` again and again for `seconds` or until `limit` bytes went, whichever
+    first; returns how many bytes the kernel took. A pooler that stops reading makes the
+    sends block (then time out) long before the limit."""
+    sock.settimeout(0.5)
+    sent = 0
+    deadline = time.monotonic() + seconds
+    view = memoryview(chunk)
+    while time.monotonic() < deadline and sent < limit:
+        try:
+            sent += sock.send(view)
+        except (TimeoutError, BlockingIOError):
+            continue
+        except OSError:
+            break
+    return sent
+
+
+class Canary:
+    """A client querying every 200 ms on its own pool: the slowest answer it waited for."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.client = RawClient(host, port, timeout=30)
+        self.client.login("app", "bench")
+        self.worst = 0.0
+        self.answers = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            rows, _, _ = self.client.simple_query("SELECT 1")
+            assert rows == [["1"]]
+            self.worst = max(self.worst, time.monotonic() - started)
+            self.answers += 1
+            self._stop.wait(0.2)
+
+    @contextmanager
+    def beside(self) -> Iterator[Canary]:
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            self._thread.join(timeout=40)
+            self.client.close()
+
+
+def _bounded(p, flood: Callable[[], int], grown_mib: float = 48) -> tuple[int, Canary]:
+    """Run `flood` beside a canary; the pooler's RSS may grow at most `grown_mib` while it
+    runs, and comes back (within the same) once the flooding client has left."""
+    before = _rss_mib(p.proc.pid)
+    canary = Canary(p.host, p.port)
+    with canary.beside():
+        sent = flood()
+        during = _rss_mib(p.proc.pid)
+        time.sleep(1.0)
+    assert canary.answers >= 3, "the canary was not served during the flood"
+    assert during - before < grown_mib, f"RSS grew {during - before:.0f} MiB during a flood"
+    time.sleep(1.0)
+    after = _rss_mib(p.proc.pid)
+    assert after - before < grown_mib, f"RSS stayed {after - before:.0f} MiB up after it"
+    return sent, canary
+
+
+def test_a_client_whose_login_waits_for_a_server_stops_being_read(pooler, postgres):
+    """Its pool's server accepts TCP and never answers: the client is welcomed only once a
+    server is, and what it sends meanwhile is read up to a point, then not at all."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        try:
+            while True:
+                accepted.append(silent.accept()[0])
+        except OSError:
+            pass
+
+    threading.Thread(target=accept, daemon=True).start()
+    p = pooler({"auth_type": "trust", "server_connect_timeout": "30",
+                "server_login_retry": "30"}, databases={
+        "silent": f"host=127.0.0.1 port={silent.getsockname()[1]} dbname=x",
+        "bench": f"host={postgres.host} port={postgres.port} dbname=bench"})
+    try:
+        client = RawClient(p.host, p.port, timeout=10)
+        client.send_startup({"user": "app", "database": "silent"})
+        query = m.query("SELECT 1")
+        sent, _ = _bounded(p, lambda: _flood(client.sock, query * 2048, 4.0, 512 * MiB))
+        assert sent < 64 * MiB, f"the pooler read {sent / MiB:.0f} MiB it could not send"
+        client.close()
+    finally:
+        silent.close()
+        for sock in accepted:
+            sock.close()
+
+
+def _message(kind: bytes, body: bytes) -> bytes:
+    return kind + struct.pack("!I", len(body) + 4) + body
+
+
+def _parse(name: bytes, sql: bytes) -> bytes:
+    return _message(b"P", name + b"\0" + sql + b"\0" + struct.pack("!H", 0))
+
+
+def _bind(statement: bytes) -> bytes:
+    return _message(b"B", b"\0" + statement + b"\0" + struct.pack("!HHH", 0, 0, 0))
+
+
+EXECUTE = _message(b"E", b"\0" + struct.pack("!I", 0))
+SYNC = _message(b"S", b"")
+
+
+def test_a_client_whose_requests_wait_on_the_rewriter_stops_being_read(pooler):
+    """A Bind of a statement whose Parse is still in flight behind a slow query waits for
+    it; the Syncs the client streams meanwhile are read up to a point, then not at all."""
+    p = pooler({"auth_type": "trust", "max_prepared_statements": "100"})
+    client = RawClient(p.host, p.port, timeout=10)
+    client.login("app", "app")
+    client.send(_parse(b"s1", b"SELECT pg_sleep(8)") + _bind(b"s1") + EXECUTE + SYNC
+                + _bind(b"s1") + EXECUTE + SYNC)
+    sent, _ = _bounded(p, lambda: _flood(client.sock, SYNC * 8192, 4.0, 512 * MiB))
+    assert sent < 64 * MiB, f"the pooler read {sent / MiB:.0f} MiB it could not send"
+    client.close()
+
+
+@pytest.mark.parametrize("extended", [False, True], ids=["simple", "extended"])
+def test_pipelined_queries_never_read_back_leave_everyone_served(pooler, extended):
+    """The client pipelines queries and reads nothing: the pooler stops reading it once its
+    replies back up, and the canary beside it is answered all along."""
+    p = pooler({"auth_type": "trust"})
+    client = RawClient(p.host, p.port, timeout=10)
+    client.login("app", "app")
+    if extended:
+        batch = (_parse(b"", b"SELECT 1") + _bind(b"") + EXECUTE + SYNC) * 512
+    else:
+        batch = m.query("SELECT 1") * 2048
+    sent, canary = _bounded(p, lambda: _flood(client.sock, batch, 5.0, 512 * MiB))
+    assert sent < 256 * MiB
+    # The event loop never stalled for long (it stalled 5-6 s when each ReadyForQuery
+    # took the oldest of a million owed requests off a list's front).
+    assert canary.worst < 2.5, f"the canary waited {canary.worst:.1f} s"
+    client.close()
