@@ -43,6 +43,12 @@ MECHANISM = "SCRAM-SHA-256"
 MECHANISM_PLUS = "SCRAM-SHA-256-PLUS"
 # PostgreSQL's and PgBouncer's default (`scram_iterations`, both).
 DEFAULT_ITERATIONS = 4096
+# What a server may ask of the pooler logging into it: each iteration is PBKDF2 work done
+# on the event loop, so a count without bound would stall every client (PgBouncer 1.25.2
+# caps it at the same figure); a nonce or message past these sizes is no PostgreSQL's.
+MAX_SERVER_ITERATIONS = 1_000_000
+MAX_SERVER_NONCE = 1024
+MAX_SERVER_MESSAGE = 4096
 
 
 @dataclass(frozen=True)
@@ -442,7 +448,16 @@ class ScramClientLogin:
         return (ScramException, ValueError, KeyError)
 
     def _server_first(self, data: bytes) -> bytes:
+        if len(data) > MAX_SERVER_MESSAGE:
+            raise ValueError(f"server-first-message of {len(data)} bytes")
         text = data.decode()
+        checked = _attributes(text)
+        iterations = checked.get("i", "")
+        if not iterations.isdigit() or not 0 < int(iterations) <= MAX_SERVER_ITERATIONS:
+            raise ValueError(f"iteration count {iterations[:20]!r} outside 1 to "
+                             f"{MAX_SERVER_ITERATIONS}")
+        if len(checked.get("r", "")) > MAX_SERVER_NONCE:
+            raise ValueError(f"nonce longer than {MAX_SERVER_NONCE} characters")
         if self._scramp is not None:
             self._scramp.set_server_first(text)
             return str(self._scramp.get_client_final()).encode()

@@ -28,6 +28,7 @@ from typing import Final
 
 from ..auth.md5 import md5_response_from_secret
 from ..auth.scram import MECHANISM, MECHANISM_PLUS, ScramAuthError, ScramClientLogin
+from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.framing import MessageBuffer
 from ..protocol.startup import SSL_REQUEST_CODE
@@ -136,8 +137,11 @@ def login(
                 backend_pid, backend_secret = m.parse_backend_key_data(body)
             elif kind == m.ERROR_RESPONSE:
                 fields = m.parse_error_fields(body)
-                raise ServerLoginError(fields.get("M", "server login failed"),
-                                       m.message(kind, body))
+                text = fields.get("M", "server login failed")
+                if "C" not in fields:  # no SQLSTATE: no PostgreSQL's; the client gets one
+                    raise ServerLoginError(text, m.error_response(
+                        text, errors.PROTOCOL_VIOLATION, fields.get("S", "FATAL")))
+                raise ServerLoginError(text, m.message(kind, body))
             elif kind == m.READY_FOR_QUERY:
                 return LoggedIn(found, backend_pid, backend_secret, messages.take_rest())
             elif kind not in (m.NOTICE_RESPONSE, m.NEGOTIATE_PROTOCOL_VERSION):

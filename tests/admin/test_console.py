@@ -441,6 +441,29 @@ def test_shutdown_wait_for_clients(bouncer: Pooler) -> None:
 # --- who may do what, and how errors look -------------------------------------------------
 
 
+def test_no_command_but_show_runs_for_a_stats_user(bouncer: Pooler) -> None:
+    """CVE class of PgBouncer 1.26.0 (KILL_CLIENT from a non-admin): every command that
+    acts, with a real target, is refused to a stats_users member, and changes nothing."""
+    with app(bouncer) as victim, console(bouncer) as admin, \
+            console(bouncer, STATS_USER, STATS_PASSWORD) as stats:
+        victim.execute("SET application_name = 'victim'")
+        target = row(admin, "CLIENTS", application_name="victim")["id"]
+        for command in (f"KILL_CLIENT {target}", "KILL app", "KILL", "PAUSE app", "PAUSE",
+                        "SUSPEND", "RESUME", "RESUME app", "DISABLE app", "ENABLE app",
+                        "RECONNECT app", "RECONNECT", "WAIT_CLOSE app", "RELOAD",
+                        "SHUTDOWN", "SHUTDOWN WAIT_FOR_CLIENTS", "SET max_client_conn = 1",
+                        "SHOW FDS", "TRACE app on"):
+            with pytest.raises(psycopg.Error) as refused:
+                stats.execute(command)
+            assert refused.value.sqlstate == "08P01", command
+            assert "admin access needed" in str(refused.value) or "invalid command" in str(
+                refused.value), command
+        assert victim.execute("SELECT 1").fetchone() == (1,)  # still connected, served
+        assert row(admin, "DATABASES", name="app")["paused"] == 0
+        assert row(admin, "DATABASES", name="app")["disabled"] == 0
+        assert bouncer.proc.poll() is None
+
+
 def test_errors_are_pgbouncers(bouncer: Pooler) -> None:
     with pytest.raises(psycopg.OperationalError, match="not allowed"):
         console(bouncer, APP_USER, APP_PASSWORD)

@@ -184,6 +184,43 @@ def test_what_cannot_be_followed(data: bytes, text: str) -> None:
 
 
 
+def _server_first_for(login: Login, iterations: str, nonce_tail: str = "srv") -> bytes:
+    login.sent.clear()
+    login.feed(auth(m.AUTH_SASL, m.cstring(MECHANISM) + b"\x00"))
+    [(_, body)] = login.replies()
+    _, client_first = m.parse_sasl_initial_response(body)
+    assert client_first is not None
+    nonce = client_first.decode().split("r=", 1)[1]
+    return f"r={nonce}{nonce_tail},s=AAECAwQFBgcICQoLDA0ODw==,i={iterations}".encode()
+
+
+@pytest.mark.parametrize(("secrets", "iterations", "tail", "text"), [
+    # CVE class of PgBouncer 1.25.2: a server asking for unbounded PBKDF2 work or sending a
+    # nonce without end. Refused before any hashing, with a password or a ClientKey.
+    ({"password": PASSWORD}, "2147483647", "srv", "iteration count '2147483647' outside"),
+    ({"password": PASSWORD}, "99999999999999999999999", "srv", "iteration count"),
+    ({"password": PASSWORD}, "0", "srv", "iteration count '0' outside"),
+    ({"password": PASSWORD}, "-1", "srv", "iteration count"),
+    ({"password": PASSWORD}, "4096", "x" * 2000, "nonce longer than 1024"),
+    ({"password": PASSWORD}, "4096", "x" * 5000, "server-first-message of"),
+    ({"client_key": b"k" * 32, "server_key": b"s" * 32}, "2000000", "srv",
+     "iteration count '2000000' outside"),
+])
+def test_a_server_asking_too_much_of_scram_is_refused(
+        secrets: dict, iterations: str, tail: str, text: str) -> None:
+    login = Login(**secrets)
+    first = _server_first_for(login, iterations, tail)
+    with pytest.raises(sl.ServerLoginError, match=f"server login failed: .*{text}"):
+        login.feed(auth(m.AUTH_SASL_CONTINUE, first))
+
+
+def test_the_largest_iteration_count_allowed_still_logs_in_as_far_as_the_proof() -> None:
+    login = Login(client_key=b"k" * 32, server_key=b"s" * 32)
+    login.feed(auth(m.AUTH_SASL_CONTINUE, _server_first_for(login, "1000000")))
+    [(kind, body)] = login.replies()
+    assert kind == m.PASSWORD_MESSAGE and b",p=" in body
+
+
 # --- TLS: the SSLRequest's answer, SCRAM-SHA-256-PLUS ----------------------------------------
 
 

@@ -6,6 +6,7 @@ and a closed connection, a WARNING in the log, and a pooler that still serves ot
 from __future__ import annotations
 
 import re
+import socket
 import struct
 from collections.abc import Callable
 
@@ -15,7 +16,7 @@ import pytest
 from pypool.protocol import messages as m
 
 from .polling import wait_for
-from .rawclient import RawClient
+from .rawclient import QueryError, RawClient
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -333,3 +334,124 @@ def test_fuzzed_logins_leave_the_pooler_up_and_serving(pooler: Callable) -> None
     still_serves(p)
     log = p.log()
     assert "Traceback" not in log and "Fatal error" not in log, log[-5000:]
+
+
+# --- CVE classes of PgBouncer 1.25.2 and 1.26.0 ------------------------------------------
+
+
+class _BareErrorServer:
+    """A PostgreSQL stand-in whose ErrorResponses carry no SQLSTATE: at login
+    (`at_login`), or as the answer to every Query."""
+
+    def __init__(self, at_login: bool) -> None:
+        import threading
+
+        self.at_login = at_login
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @staticmethod
+    def _message(kind: bytes, body: bytes) -> bytes:
+        return kind + struct.pack("!I", len(body) + 4) + body
+
+    def _serve(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+
+    def _session(self, conn: socket.socket) -> None:
+        bare = self._message(b"E", b"SERROR\x00Mno sqlstate here\x00\x00")
+        ready = self._message(b"Z", b"I")
+        try:
+            length = struct.unpack("!I", conn.recv(4))[0]
+            if struct.unpack("!I", conn.recv(length - 4)[:4])[0] == 80877103:  # SSLRequest
+                conn.sendall(b"N")
+                length = struct.unpack("!I", conn.recv(4))[0]
+                conn.recv(length - 4)
+            if self.at_login:
+                conn.sendall(self._message(b"E", b"SFATAL\x00Mno sqlstate at login\x00\x00"))
+                return
+            conn.sendall(self._message(b"R", struct.pack("!I", 0))
+                         + self._message(b"S", b"server_version\x0017.0\x00")
+                         + self._message(b"K", struct.pack("!II", 7, 7)) + ready)
+            while True:
+                head = conn.recv(5)
+                if len(head) < 5:
+                    return
+                kind, length = head[:1], struct.unpack("!I", head[1:])[0]
+                while length > 4:
+                    length -= len(conn.recv(length - 4))
+                if kind == b"X":
+                    return
+                if kind in (b"Q", b"S"):
+                    conn.sendall(bare + ready)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize("at_login", [False, True], ids=["query", "login"])
+def test_an_error_response_without_sqlstate_from_a_server(
+        pooler: Callable, postgres, at_login: bool) -> None:
+    fake = _BareErrorServer(at_login)
+    try:
+        p = pooler({"auth_type": "trust"}, databases={
+            "bare": f"host=127.0.0.1 port={fake.port} dbname=bare",
+            "app": f"host={postgres.host} port={postgres.port} dbname=app"})
+        with RawClient(p.host, p.port, timeout=10) as client:
+            login = client.login("app", "bare")
+            if at_login:
+                assert login.error is not None
+                assert "no sqlstate at login" in login.error.get("M", "")
+                assert login.error.get("C")  # the client is told one: the pooler's
+            else:
+                assert login.error is None
+                with pytest.raises(QueryError) as failed:
+                    client.simple_query("SELECT 1")
+                assert failed.value.fields.get("M") == "no sqlstate here"
+                # The link is still whole: the next query gets its own answer.
+                with pytest.raises(QueryError):
+                    client.simple_query("SELECT 2")
+        with RawClient(p.host, p.port, timeout=10) as other:
+            assert other.login("app", "app").error is None
+            assert other.simple_query("SELECT 1")[0] == [["1"]]
+        assert p.proc.poll() is None
+    finally:
+        fake.close()
+
+
+@pytest.mark.parametrize("user", ["app", "nobody"])
+def test_a_client_final_message_without_a_nonce_is_refused(
+        pooler: Callable, user: str) -> None:
+    """CVE class of PgBouncer 1.25.2: SCRAM client-final-message with no r= attribute, for
+    a user that exists and one that does not; the pooler answers with an error and goes on."""
+    p = pooler()
+    with RawClient(p.host, p.port, timeout=10) as client:
+        client.send_startup({"user": user, "database": "app"})
+        kind, _ = client.read_message()
+        assert kind == m.AUTHENTICATION
+        first = b"n,,n=,r=abcdefghijklmnopqrstuvwx"
+        body = b"SCRAM-SHA-256\x00" + struct.pack("!i", len(first)) + first
+        client.send(b"p" + struct.pack("!I", len(body) + 4) + body)
+        kind, _ = client.read_message()
+        assert kind == m.AUTHENTICATION  # SASLContinue
+        final = b"c=biws,p=" + b"A" * 44
+        client.send(b"p" + struct.pack("!I", len(final) + 4) + final)
+        error = client.read_error_and_close()
+        assert error["S"] == "FATAL" and error["C"] in ("08P01", "28P01")
+    with RawClient(p.host, p.port, timeout=10) as other:
+        other.send_startup({"user": "app", "database": "app"})
+        assert other.read_message()[0] == m.AUTHENTICATION
+    assert p.proc.poll() is None
