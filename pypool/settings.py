@@ -355,8 +355,11 @@ def _check(key: str, value: object) -> None:
         return
     if isinstance(value, int):
         low, high = BOUNDS.get(key, (0, MAX_INT))
-        if not low <= value <= high:
+        if value < low:
             allowed = f">= {low}" if high == MAX_INT else f"between {low} and {high}"
+            raise ValueError(f"must be {allowed}, not {value}")
+        if value > high:
+            allowed = f"<= {high}" if high == MAX_INT else f"between {low} and {high}"
             raise ValueError(f"must be {allowed}, not {value}")
     elif key == "pool_mode" and value not in POOL_MODES:
         raise ValueError(f"must be one of {', '.join(POOL_MODES)}, not {value!r}")

@@ -425,6 +425,9 @@ OUT_OF_RANGE = [
     ("transaction_timeout", "-10", ">= 0"),
     ("query_wait_notify", "-1s", ">= 0"),
     ("pool_mode", "connection", "one of session, transaction, statement"),
+    ("max_packet_size", "4294967295", "<= 2147483647"),  # too big, not too small
+    ("max_packet_size", "1023", ">= 1024"),
+    ("default_pool_size", "2147483648", "<= 2147483647"),
 ]
 
 

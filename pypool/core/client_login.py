@@ -405,14 +405,16 @@ def _password_message(messages: MessageBuffer) -> Generator[bytes, bytes, bytes]
             ) from None
         except FramingError as bad_length:  # own name (mypyc)
             raise errors.ClientProtocolError(str(bad_length)) from None
+        # Judged at its first byte, as PostgreSQL does: a StartupMessage sent again reads as
+        # type 0 with a length of thousands, and must not be waited for.
+        kind = message[0] if message is not None else messages.next_type()
+        if kind != -1 and kind != m.PASSWORD_MESSAGE:
+            raise errors.ClientProtocolError(
+                f"expected a password message, got {chr(kind)!r}",
+                errors.INVALID_AUTHORIZATION,
+            )
         if message is not None:
-            kind, body = message
-            if kind != m.PASSWORD_MESSAGE:
-                raise errors.ClientProtocolError(
-                    f"expected a password message, got {chr(kind)!r}",
-                    errors.INVALID_AUTHORIZATION,
-                )
-            return body
+            return message[1]
         data = yield b""
         messages.feed(data)
 

@@ -169,6 +169,12 @@ class RequestReader:
             if size < 5 or size > max_packet:
                 self.error = errors.ClientProtocolError(f"invalid packet length {size - 1}")
                 return self._ending(done, data, pos, parts, start)
+            action = _ACTION[kind]
+            if action == 0:
+                # Refused at its header, as PostgreSQL does, never waited for: a
+                # StartupMessage sent again reads as type 0 with a length of thousands.
+                self.error = errors.ClientProtocolError(f"unsupported pkt type: {kind}")
+                return self._ending(done, data, pos, parts, start)
             found: list[ss.Command] | None = None
             if watch and (kind == _QUERY or kind == _PARSE):
                 end = pos + size
@@ -212,7 +218,6 @@ class RequestReader:
                         start = end
             if found:
                 self.changes.extend(found)
-            action = _ACTION[kind]
             if action == _OPENS_SEGMENT:
                 ledger.segment()
             elif action == _OWES_READY:
@@ -239,9 +244,6 @@ class RequestReader:
                     continue
             elif action == _TERMINATE:
                 self.terminated = True
-                return self._ending(done, data, pos, parts, start)
-            else:
-                self.error = errors.ClientProtocolError(f"unsupported pkt type: {kind}")
                 return self._ending(done, data, pos, parts, start)
             if admin and kind != _QUERY:
                 self.error = PoolerError("extended query protocol not supported by admin console")

@@ -63,6 +63,10 @@ class MessageBuffer:
     def __len__(self) -> int:
         return len(self._buffer)
 
+    def next_type(self) -> int:
+        """The type byte of the next message, once its first byte is here; -1 before."""
+        return self._buffer[0] if self._buffer else -1
+
     def take_rest(self) -> bytes:
         """Everything not yet consumed, leaving the buffer empty."""
         rest = bytes(self._buffer)

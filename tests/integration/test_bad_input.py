@@ -307,6 +307,38 @@ def test_query_instead_of_password_is_fatal(pooler: Callable) -> None:
     still_serves(p)
 
 
+def _startup_packet(user: str = "app") -> bytes:
+    body = b"user\x00" + user.encode() + b"\x00database\x00app\x00\x00"
+    return struct.pack("!II", len(body) + 8, 196608) + body
+
+
+@pytest.mark.parametrize("auth_type", ["scram-sha-256", "md5", "plain"])
+def test_a_second_startup_packet_during_the_password_exchange_is_answered_at_once(
+        pooler: Callable, auth_type: str) -> None:
+    """PostgreSQL and PgBouncer answer at once; read as a typed message (type 0, a length
+    of thousands) it once waited for client_login_timeout."""
+    p = pooler({"auth_type": auth_type})
+    with RawClient(p.host, p.port, timeout=5) as raw:
+        raw.send_startup({"user": "app", "database": "app"})
+        kind, _ = raw.read_message() or (0, b"")
+        assert kind == m.AUTHENTICATION
+        raw.send(_startup_packet())
+        error = raw.read_error_and_close()  # within the 5 s timeout, not 60
+    assert error["S"] == "FATAL" and error["C"] in ("08P01", "28000")
+    still_serves(p)
+
+
+def test_a_startup_packet_after_login_is_answered_at_once(pooler: Callable) -> None:
+    p = pooler({"auth_type": "trust"})
+    with RawClient(p.host, p.port, timeout=5) as raw:
+        assert raw.login("app", "app").error is None
+        raw.send(_startup_packet())
+        error = raw.read_error_and_close()
+    assert error["S"] == "FATAL" and error["C"] == "08P01"
+    assert "unsupported pkt type: 0" in error["M"]
+    still_serves(p)
+
+
 def test_sasl_with_an_unoffered_mechanism_fails(pooler: Callable) -> None:
     p = pooler()
     with RawClient(p.host, p.port) as raw:
