@@ -280,26 +280,42 @@ def registry_for(view: PoolerView) -> CollectorRegistry:
     return registry
 
 
+# The endpoint is for a scraper or two, not the world: at most this many connections at once
+# (more are closed on arrival), a request head of at most this many bytes (more gets 431),
+# read within this many seconds. What a flood of connections can hold is then bounded.
+MAX_CONNECTIONS = 64
+MAX_HEAD = 8192
+HEAD_TIMEOUT = 5.0
+
+
 async def serve_metrics(view: PoolerView, addrs: str, port: int
                         ) -> list[asyncio.AbstractServer]:
     """Listen on each of `addrs` (comma-separated, `*` for all) and answer GET /metrics."""
     registry = registry_for(view)
+    open_connections = 0
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal open_connections
+        if open_connections >= MAX_CONNECTIONS:
+            writer.transport.abort()
+            return
+        open_connections += 1
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
             writer.write(_response(registry, head.split(b"\r\n", 1)[0]))
             await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
-                ConnectionError):
+        except (asyncio.LimitOverrunError, ValueError):
+            writer.write(_TOO_LARGE)
+        except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
             pass
         finally:
+            open_connections -= 1
             writer.close()
 
     servers: list[asyncio.AbstractServer] = []
     for host in _hosts(addrs):
         try:
-            servers.append(await asyncio.start_server(handle, host, port))
+            servers.append(await asyncio.start_server(handle, host, port, limit=MAX_HEAD))
         except OSError as exc:
             # Metrics are not worth refusing to pool over (with workers > 1, the first
             # worker to bind the port serves its own numbers).
@@ -307,6 +323,10 @@ async def serve_metrics(view: PoolerView, addrs: str, port: int
     if servers:
         log.info("metrics on http://%s:%d/metrics", addrs, port)
     return servers
+
+
+_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
+              b"Connection: close\r\n\r\n")
 
 
 def _hosts(addrs: str) -> Sequence[str | None]:

@@ -169,3 +169,40 @@ def test_errors_by_kind(metrics_pooler: tuple[Pooler, int]) -> None:
     with pytest.raises(urllib.error.HTTPError, match="404"):
         scrape(p, port, "/nothing")
 
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_flood_of_connections_with_huge_heads_is_bounded(
+        metrics_pooler: tuple[Pooler, int]) -> None:
+    """1,000 connections sending 60 KB request heads: at most 64 are served at once, a head
+    past 8 KiB gets 431, the memory comes back, and a scrape after them is answered."""
+    import socket
+
+    p, port = metrics_pooler
+    scrape(p, port)
+    before = _rss_mib(p.proc.pid)
+    junk = b"GET /metrics HTTP/1.1\r\nX-Junk: " + b"a" * 60_000
+    socks = []
+    for _ in range(1000):
+        sock = socket.create_connection((p.host, port), timeout=5)
+        try:
+            sock.sendall(junk)
+        except OSError:
+            pass  # closed on arrival: over the cap
+        socks.append(sock)
+    during = _rss_mib(p.proc.pid)
+    for sock in socks:
+        sock.close()
+    assert during - before < 32, f"RSS grew {during - before:.0f} MiB"
+    with socket.create_connection((p.host, port), timeout=5) as sock:
+        sock.sendall(junk + b"\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 431")
+    wait_until(lambda: "pgbouncer_up" in scrape(p, port), timeout=10)
+    assert _rss_mib(p.proc.pid) - before < 32
