@@ -21,11 +21,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
+from . import daemon
 from .daemon import StartError, check_pidfile, daemonize, switch_user
 from .net.tls import Tls
 from .settings import Settings, SettingsError, from_url, load_ini, worker_share
 
 if TYPE_CHECKING:
+    from .embedded import EmbeddedPostgres
     from .net.client import ClientConnection
     from .net.hooks import TransactionLog, WireTrace
     from .net.unix_socket import UnixSocket
@@ -76,23 +78,21 @@ def version_text() -> str:
 
 
 def setup_logging(settings: Settings, verbose: int, quiet: bool) -> None:
-    """The logfile if set, else stderr. As PgBouncer's, --quiet only silences stderr: the
-    logfile keeps every line at the usual level (scripts grep it)."""
+    """The logfile if set, and stderr unless quiet (as PgBouncer's: --quiet and -d only
+    silence stderr; the logfile keeps every line at the usual level, scripts grep it)."""
     level = logging.DEBUG if verbose else logging.INFO
-    handler: logging.Handler
+    handlers: list[logging.Handler] = []
     if settings.pooler.logfile:
         # Reopens the file when logrotate moves it away, so no signal is needed.
-        handler = logging.handlers.WatchedFileHandler(settings.pooler.logfile)
-    elif quiet:
-        handler = logging.NullHandler()
-    else:
-        handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s.%(msecs)03d %(process)d %(levelname)s %(message)s",
-                          "%Y-%m-%d %H:%M:%S")
-    )
+        handlers.append(logging.handlers.WatchedFileHandler(settings.pooler.logfile))
+    if not quiet:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    formatter = logging.Formatter(
+        "%(asctime)s.%(msecs)03d %(process)d %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
+    for handler in handlers:
+        handler.setFormatter(formatter)
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = handlers or [logging.NullHandler()]
     root.setLevel(level)
 
 
@@ -318,10 +318,23 @@ def main(argv: list[str] | None = None) -> int:
         if embedded is not None:
             embedded.stop()
         return 1
+    try:
+        return _detached_part(args, settings, embedded, stale_pidfile)
+    except BaseException as exc:  # noqa: BLE001 - a detached start tells its starter why
+        daemon.failed(f"cannot start: {exc}")
+        raise
+    finally:
+        daemon.failed("")  # exited before it was listening, whatever the reason
+
+
+def _detached_part(args: argparse.Namespace, settings: Settings,
+                   embedded: EmbeddedPostgres | None, stale_pidfile: bool) -> int:
+    """Logging, the pooler and its end: what runs after -d has detached (each failure is
+    told to the starter, which exits 1 with it)."""
     setup_logging(settings, args.verbose or settings.pooler.verbose, args.quiet or args.daemon)
     if stale_pidfile:
         log.info("stale pidfile, removing")
-    banner = None
+    listening: Callable[[], None] = daemon.ready
     if embedded is not None:
         user = embedded.superuser
         url = (
@@ -336,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"throwaway PostgreSQL on 127.0.0.1:{cluster_port}; pypool on "
                   f"127.0.0.1:{settings.pooler.listen_port}", flush=True)
             print(f"DATABASE_URL={url}", flush=True)
+
+        listening = banner
     taken = None
     if args.reboot:
         from .pooler import takeover
@@ -345,16 +360,19 @@ def main(argv: list[str] | None = None) -> int:
         except takeover.TakeoverError as exc:
             log.error("%s", exc)
             print(f"pypool: {exc}", file=sys.stderr)
+            daemon.failed(str(exc))
             return 1
     try:
-        run(settings, banner, taken)
+        run(settings, listening, taken)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            log.error("cannot start: port %d is taken (another pooler or PostgreSQL?); "
-                      "choose another with --port, or listen_port in the ini",
-                      settings.pooler.listen_port)
+            why = (f"cannot start: port {settings.pooler.listen_port} is taken (another "
+                   "pooler or PostgreSQL?); choose another with --port, or listen_port in "
+                   "the ini")
         else:
-            log.error("cannot start: %s", exc)
+            why = f"cannot start: {exc}"
+        log.error("%s", why)
+        daemon.failed(why)
         return 1
     except KeyboardInterrupt:
         pass

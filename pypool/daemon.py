@@ -47,21 +47,69 @@ def check_pidfile(path: str) -> bool:
     raise StartError(f"pidfile '{path}' exists, another instance running?")
 
 
+# The write end of the pipe the detached process tells its verdict on (-1: not detached).
+_verdict = -1
+
+
 def daemonize(pidfile: str) -> None:
-    """Detach: the caller's process exits 0 and a grandchild, in a session of its own with
-    stdin, stdout and stderr on /dev/null, carries on."""
+    """Detach: a grandchild, in a session of its own with stdin, stdout and stderr on
+    /dev/null, carries on; the caller's process waits for its verdict (`ready`, `failed`)
+    and exits 0 once it listens, or prints why it did not and exits 1, so that an init
+    script or a shell sees a failed start as one."""
+    global _verdict
     if not pidfile:
         raise StartError("daemon needs pidfile configured")
+    read_end, write_end = os.pipe()
+    if os.fork() > 0:
+        os.close(write_end)
+        _exit_with_verdict(read_end)
+    os.close(read_end)
+    _verdict = write_end
+    os.setsid()
+    if os.fork() > 0:  # not a session leader: it can never get a controlling terminal
+        os._exit(0)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     if devnull > 2:
         os.close(devnull)
-    if os.fork() > 0:
+
+
+def _exit_with_verdict(read_end: int) -> None:
+    chunks = []
+    while True:
+        chunk = os.read(read_end, 4096)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    said = b"".join(chunks).decode("utf-8", "replace")
+    if said == "ok":
         os._exit(0)
-    os.setsid()
-    if os.fork() > 0:  # not a session leader: it can never get a controlling terminal
-        os._exit(0)
+    why = said or "the daemon exited before it was listening (see the logfile)"
+    os.write(2, f"pypool: {why}\n".encode())
+    os._exit(1)
+
+
+def _tell(text: str) -> None:
+    global _verdict
+    if _verdict < 0:
+        return
+    fd, _verdict = _verdict, -1
+    try:
+        os.write(fd, text.encode())
+    except OSError:
+        pass
+    os.close(fd)
+
+
+def ready() -> None:
+    """The detached pooler listens: its starter exits 0 (nothing when not detached)."""
+    _tell("ok")
+
+
+def failed(why: str) -> None:
+    """The detached pooler cannot start: its starter prints `why` and exits 1."""
+    _tell(why or "the daemon failed to start (see the logfile)")
 
 
 def switch_user(name: str) -> None:

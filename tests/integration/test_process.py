@@ -165,3 +165,54 @@ def test_the_quick_start_says_its_port_is_taken_and_prints_no_url() -> None:
     assert "DATABASE_URL" not in done.stdout
     assert f"port {port} is taken" in done.stderr
     assert "--port" in done.stderr
+
+
+def test_without_quiet_the_log_goes_to_stderr_as_well_as_the_logfile(
+    postgres: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    log = tmp_path / "pypool.log"
+    ini, port = write_ini(tmp_path, postgres, logfile=str(log))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "pypool", str(ini)], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        assert wait_for(lambda: serves(port), 15)
+    finally:
+        proc.send_signal(signal.SIGQUIT)
+        _, err = proc.communicate(timeout=10)
+    assert b"login attempt: db=app user=app" in err
+    assert "login attempt: db=app user=app" in log.read_text()
+
+
+def test_a_daemon_that_cannot_listen_fails_its_start(
+    postgres: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    """The starter waits for the detached process's verdict: a taken port is exit 1 with
+    the reason, not exit 0 and a daemon that is gone."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    taken = holder.getsockname()[1]
+    pidfile = tmp_path / "pypool.pid"
+    ini, _ = write_ini(tmp_path, postgres, pidfile=str(pidfile), listen_port=str(taken),
+                       listen_addr="127.0.0.1", logfile=str(tmp_path / "pypool.log"))
+    try:
+        done = pypool("-d", str(ini))
+    finally:
+        holder.close()
+    assert done.returncode == 1
+    assert f"port {taken} is taken" in done.stderr
+    assert not pidfile.exists()
+
+
+def test_a_daemon_with_an_unwritable_logfile_fails_its_start(
+    postgres: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pypool.pid"
+    ini, _ = write_ini(tmp_path, postgres, pidfile=str(pidfile),
+                       logfile=str(tmp_path / "no-such-folder" / "pypool.log"))
+    done = pypool("-d", str(ini))
+    assert done.returncode == 1
+    assert "cannot start:" in done.stderr and "no-such-folder" in done.stderr
+    assert not pidfile.exists()
