@@ -22,7 +22,6 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
 from .ini_values import BOUNDS as BOUNDS
 from .ini_values import MAX_INT as MAX_INT
@@ -36,6 +35,7 @@ from .ini_values import parse_duration as parse_duration
 from .ini_values import parse_int as parse_int
 from .ini_values import parse_list as parse_list
 from .ini_values import parse_mode as parse_mode
+from .libpq_url import parse_libpq_url
 from .pooling import policies
 
 log = logging.getLogger("pypool.settings")
@@ -621,19 +621,28 @@ def load_ini(path: str | Path) -> Settings:
 
 
 def from_url(url: str, listen_port: int = 6432) -> Settings:
-    """The quick start: pool one database named by a postgresql:// URL.
+    """The quick start: pool one database named by a postgresql:// URL (libpq_url.py says
+    which URL parameters it takes; any other is refused by name).
 
     Clients log in with the same user and password as the URL (SCRAM), and the pooler logs
     into the server with them.
     """
-    parts = urlsplit(url)
-    if parts.scheme not in ("postgres", "postgresql"):
-        raise SettingsError(f"{url!r}: not a postgresql:// URL")
-    user = unquote(parts.username or "postgres")
-    password = unquote(parts.password or "")
-    dbname = unquote(parts.path.lstrip("/")) or user
+    try:
+        parts = parse_libpq_url(url)
+    except ValueError as exc:
+        raise SettingsError(f"DATABASE_URL: {exc}") from None
+    user = parts.user or "postgres"
+    password = parts.password
+    dbname = parts.dbname or user
+    balance = parts.database_keys.get("load_balance_hosts", "disable")
+    if balance not in ("disable", "random"):
+        raise SettingsError(f"DATABASE_URL: load_balance_hosts must be disable or random, not "
+                            f"{balance!r}")
     entry = DatabaseEntry(
-        name=dbname, host=parts.hostname or "127.0.0.1", port=parts.port or 5432, dbname=dbname
+        name=dbname, host=",".join(parts.hosts) or "127.0.0.1", port=parts.port,
+        dbname=dbname, application_name=parts.database_keys.get("application_name", ""),
+        # libpq's random spreads connections over the hosts, as round-robin does here
+        load_balance_hosts="disable" if balance == "disable" else "round-robin",
     )
     pooler = PoolerSettings(
         listen_port=listen_port,
@@ -642,6 +651,11 @@ def from_url(url: str, listen_port: int = 6432) -> Settings:
         admin_users=(user,),
         max_client_conn=10000,
     )
+    for key, text in parts.pooler_keys.items():
+        try:
+            pooler = dataclasses.replace(pooler, **{key: parse_value(key, text)})  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise SettingsError(f"DATABASE_URL: {key}: {exc}") from None
     # Without a password the pooler trusts the URL's user, and only it: trust needs a user
     # the pooler knows.
     return Settings(pooler=pooler, databases={dbname: entry}, inline_users={user: password})

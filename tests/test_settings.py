@@ -404,6 +404,34 @@ def test_from_url_rejects_other_schemes(url: str) -> None:
         from_url(url)
 
 
+def test_from_url_takes_the_libpq_parameters_that_have_an_ini_key() -> None:
+    settings = from_url("postgresql://app:pw@db1,db2:5433/appdb?sslmode=require"
+                        "&sslrootcert=/ca.pem&connect_timeout=3&application_name=web"
+                        "&load_balance_hosts=disable")
+    entry = settings.databases["appdb"]
+    assert (entry.host, entry.port, entry.hosts) == ("db1,db2", 5433, ("db1", "db2"))
+    assert (entry.application_name, entry.load_balance_hosts) == ("web", "disable")
+    p = settings.pooler
+    assert (p.server_tls_sslmode, p.server_tls_ca_file) == ("require", "/ca.pem")
+    assert p.server_connect_timeout == 3.0
+    ipv6 = from_url("postgresql://app@[::1]:6000/appdb").databases["appdb"]
+    assert (ipv6.host, ipv6.port) == ("::1", 6000)
+
+
+@pytest.mark.parametrize(("url", "why"), [
+    ("postgresql://app:pw@db:99999/appdb", "invalid port '99999'"),
+    ("postgresql://app:pw@db:x/appdb", "invalid port 'x'"),
+    ("postgresql://app:pw@db1:5432,db2:5433/appdb", "several hosts with different ports"),
+    ("postgresql://app:pw@db/appdb?sslmode=bogus", "server_tls_sslmode: must be one of"),
+    ("postgresql://app:pw@db/appdb?target_session_attrs=any",
+     "URL parameter 'target_session_attrs' is not taken"),
+    ("postgresql://app:pw@db/appdb?connect_timeout=soon", "server_connect_timeout"),
+])
+def test_from_url_refuses_what_it_cannot_honour_by_name(url: str, why: str) -> None:
+    with pytest.raises(SettingsError, match=re.escape(why)):
+        from_url(url)
+
+
 # --- one parser and checker for the ini and SET -------------------------------------------------
 
 # (key, value) pairs that parse but would break the pooler, and what the refusal says.

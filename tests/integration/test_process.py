@@ -216,3 +216,15 @@ def test_a_daemon_with_an_unwritable_logfile_fails_its_start(
     assert done.returncode == 1
     assert "cannot start:" in done.stderr and "no-such-folder" in done.stderr
     assert not pidfile.exists()
+
+
+@pytest.mark.parametrize(("url", "why"), [
+    ("postgresql://app:pw@db:99999/app", "invalid port '99999'"),
+    ("postgresql://app:pw@db1:5432,db2:5433/app", "several hosts with different ports"),
+    ("postgresql://app:pw@db/app?gssencmode=disable", "URL parameter 'gssencmode'"),
+])
+def test_a_database_url_that_cannot_be_honoured_is_one_line_not_a_traceback(
+        url: str, why: str) -> None:
+    done = pypool(url)
+    assert done.returncode == 2
+    assert why in done.stderr and "Traceback" not in done.stderr
