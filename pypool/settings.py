@@ -128,7 +128,7 @@ class PoolerSettings:
     server_login_retry: float = 15.0
     server_reset_query: str = "DISCARD ALL"
     server_reset_query_always: bool = False
-    server_check_query: str = "select 1"
+    server_check_query: str = "<empty>"  # PgBouncer 1.25's: an empty query; "" turns it off
     server_check_delay: float = 30.0
     auth_type: str = "md5"
     auth_file: str = ""

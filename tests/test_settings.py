@@ -109,6 +109,8 @@ def test_defaults_match_pgbouncer() -> None:
     assert p.server_idle_timeout == 600.0
     # PgBouncer 1.25's keys: the queued-client NOTICE after 5 s, no transaction_timeout.
     assert (p.query_wait_notify, p.transaction_timeout) == (5.0, 0.0)
+    # 1.25's health check: an empty query (1.24 sent select 1).
+    assert p.server_check_query == "<empty>"
 
 
 def test_pipelining_is_off_by_default() -> None:

@@ -41,6 +41,10 @@ def send_hidden_query(server: ServerConnection, sql: str, purpose: int = HIDDEN_
     server.send(m.query(sql), True)
 
 
+# server_check_query's spelling of "send an empty query" (an empty value turns the check off).
+EMPTY_QUERY = "<empty>"
+
+
 def prepare_for(server: ServerConnection, client: ClientConnection, check_query: str,
                 session_sql: bytes = b"") -> None:
     """What must succeed before `client`'s requests may go: `check_query` (if any),
@@ -49,7 +53,9 @@ def prepare_for(server: ServerConnection, client: ClientConnection, check_query:
     told how it went (parameters_applied, check_failed, parameters_failed)."""
     server.setting_for = client
     if check_query:
-        send_hidden_query(server, check_query, HIDDEN_CHECK)
+        # `<empty>` (the default, as PgBouncer 1.25's): an empty Query, the cheapest there is.
+        send_hidden_query(server, "" if check_query == EMPTY_QUERY else check_query,
+                          HIDDEN_CHECK)
     if session_sql or not covers(server.params, client.params):
         send_parameters(server, client, session_sql)
 

@@ -170,10 +170,14 @@ def proxy(postgres: EmbeddedPostgres) -> Iterator[CuttableProxy]:
 # -- server_check_query / server_check_delay ----------------------------------------------------
 
 
-def test_check_query_replaces_a_silently_dead_server(postgres, pooler, proxy, pg_activity) -> None:
+@pytest.mark.parametrize("check_query", [None, "select 1"], ids=["default-empty", "select"])
+def test_check_query_replaces_a_silently_dead_server(
+        postgres, pooler, proxy, pg_activity, check_query) -> None:
+    """The default (`<empty>`, an empty query) and a query of one's own alike."""
     settle(postgres, pg_activity)
     p = pooler(
-        ini_overrides={"server_check_delay": "1", "default_pool_size": "1"},
+        ini_overrides={"server_check_delay": "1", "default_pool_size": "1",
+                       "server_check_query": check_query},
         databases=databases_via("127.0.0.1", proxy.port),
     )
     with connect(p.dsn()) as conn:
