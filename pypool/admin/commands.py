@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..observe.view import ADMIN_DB, database_entry
+from ..protocol import errors
 from ..protocol.errors import PoolerError
 from ..settings import SettingsError, replace_setting
 from .control import PoolerControl
@@ -34,9 +35,10 @@ ADMIN_DATABASES = (ADMIN_DB, "pypool")
 class AdminError(Exception):
     """A command refused; `message` is PgBouncer's text for the same refusal."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, sqlstate: str = errors.PROTOCOL_VIOLATION) -> None:
         super().__init__(message)
         self.message = message
+        self.sqlstate = sqlstate
 
 
 class InvalidCommand(Exception):
@@ -225,11 +227,11 @@ def reload(pooler: PoolerControl, arg: str) -> Reply:
     log.info("RELOAD command issued")
     if pooler.reload():
         return Done("RELOAD")
-    # PgBouncer 1.25's words, in a NOTICE: up to 1.24 RELOAD answered RELOAD whatever
-    # happened, and tools (PgBouncer's own 1.24 suite among them) expect that; 1.25 makes it
-    # an ERROR. The old configuration stays in force either way; the log says why.
+    # PgBouncer 1.25's answer: an ERROR with SQLSTATE F0000 (config_file_error); up to 1.24
+    # RELOAD answered RELOAD whatever happened. The old configuration stays in force; the
+    # log says why.
     log.error("RELOAD failed, see logs for more details")
-    return Done("RELOAD", notice=RELOAD_FAILED)
+    raise AdminError(RELOAD_FAILED, CONFIG_FILE_ERROR)
 
 
 def shutdown(pooler: PoolerControl, arg: str) -> Reply:
@@ -248,6 +250,7 @@ def shutdown(pooler: PoolerControl, arg: str) -> Reply:
 
 
 RELOAD_FAILED = "RELOAD failed, see logs for additional details"
+CONFIG_FILE_ERROR = "F0000"
 # PgBouncer's NOTICE for a TLS key whose new value cannot be put to use yet.
 TLS_NOT_APPLIED = "TLS settings could not be applied, still using old configuration"
 

@@ -122,7 +122,7 @@ class AdminSession:
             self._error(f"invalid command '{sql}', use SHOW HELP;")
             return
         except AdminError as exc:
-            self._error(exc.message)
+            self._error(exc.message, exc.sqlstate)
             return
         if isinstance(reply, bytes):
             self.client.write(reply + m.ready_for_query())
@@ -134,10 +134,9 @@ class AdminSession:
             if reply.then is not None:
                 reply.then()
 
-    def _error(self, message: str) -> None:
+    def _error(self, message: str, sqlstate: str = errors.PROTOCOL_VIOLATION) -> None:
         log.warning("%r: console: %s", self.client, message)
-        self.client.write(m.error_response(message, errors.PROTOCOL_VIOLATION)
-                          + m.ready_for_query())
+        self.client.write(m.error_response(message, sqlstate) + m.ready_for_query())
 
     async def _wait(self, reply: WaitFor) -> None:
         try:
