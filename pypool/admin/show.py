@@ -238,9 +238,10 @@ def _socket_rows(view: PoolerView) -> list[tuple[Any, ...]]:
         (pool.database, pool.clients, pool.servers) for pool in view.pools(connections=True)]
     groups.append((ADMIN_DB, view.console_clients(), ()))
     for _database, clients, servers in sorted(groups, key=lambda item: item[0]):
-        for state in ("active", "waiting"):
-            rows.extend((*_client_row(c)[:4], "cl_" + state, *_client_row(c)[5:_STD],
-                         *_NO_BUFFERS) for c in clients if c.state == state)
+        for listed in (False, True):  # the active list (active and idle), then waiting
+            rows.extend((*_client_row(c)[:4], "cl_waiting" if listed else "cl_active",
+                         *_client_row(c)[5:_STD], *_NO_BUFFERS)
+                        for c in clients if (c.state == "waiting") == listed)
         for server in servers:
             row = _server_row(server)
             rows.append((*row[:4], _SERVER_STATES[server.state], *row[5:], *_NO_BUFFERS))

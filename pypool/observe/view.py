@@ -8,8 +8,9 @@ apart. A snapshot is taken when a SHOW or a scrape asks for one; nothing here ru
 path, which only increments the integers read here.
 
 The view speaks PgBouncer's words for connection states, whatever the network layer calls
-them: a client is `active` (cl_active: idle or holding a server) or `waiting` (cl_waiting:
-queued for a server, or for its pool's first login); a server is `active`, `idle` or `new`
+them: a client is counted in cl_active (holding a server, or idle) or cl_waiting (queued for
+a server, or for its pool's first login), and SHOW CLIENTS says `active`, `idle` or `waiting`
+(PgBouncer 1.25's states); a server is `active`, `idle` or `new`
 (logging in), as SHOW SERVERS says.
 
 It must never import net/ (the pooler is read through the Protocols here), the console, or
@@ -166,7 +167,7 @@ class ClientInfo:
     id: int
     user: str
     database: str  # its pool's database; `pgbouncer` on the console
-    state: str  # "active" or "waiting"
+    state: str  # "active" (a server linked), "idle" (none) or "waiting"
     addr: str
     port: int
     local_addr: str
@@ -478,7 +479,9 @@ def _client(client: ClientSide, database: str, now: float, wall: float) -> Clien
         local_addr, local_port = client.peer
     return ClientInfo(
         id=client.id, user=client.user, database=database,
-        state="waiting" if name in _WAITING_STATES else "active",
+        # PgBouncer 1.25's: on the active list, "active" with a server linked, else "idle".
+        state=("waiting" if name in _WAITING_STATES
+               else "active" if client.server is not None else "idle"),
         addr=client.peer[0], port=client.peer[1], local_addr=local_addr, local_port=local_port,
         connect_time=client.connect_time + wall, request_time=client.state_since + wall,
         wait_us=wait_us, ptr=_ptr(client), link=_ptr(client.server),

@@ -171,11 +171,12 @@ def test_values_under_load(bouncer: Pooler, postgres: EmbeddedPostgres) -> None:
             assert pools[0]["sv_active"] + pools[0]["sv_idle"] + pools[0]["sv_login"] <= 5
             clients = [r for r in show(admin, "CLIENTS") if r["database"] == "app"]
             assert len(clients) == 8
-            assert {c["state"] for c in clients} <= {"active", "waiting"}
+            assert {c["state"] for c in clients} <= {"active", "idle", "waiting"}
             assert all(c["type"] == "C" and c["user"] == APP_USER for c in clients)
             assert len({c["id"] for c in clients}) == 8
             me = row(admin, "CLIENTS", database="pgbouncer")
-            assert me["user"] == "pool_admin" and me["state"] == "active"
+            # No server linked: idle, as PgBouncer 1.25 says of its console clients too.
+            assert me["user"] == "pool_admin" and me["state"] == "idle"
             # two stats periods, so the averages cover a full one under load
             time.sleep(2.2)
             stats = row(admin, "STATS", database="app")
@@ -345,6 +346,23 @@ def test_kill_without_a_database_kills_every_pool(bouncer: Pooler,
         assert admin.execute("RESUME bench").statusmessage == "RESUME"
         with app(bouncer) as late:
             assert late.execute("SELECT 4").fetchone() == (4,)
+
+
+def test_client_states_are_pgbouncer_125s(bouncer: Pooler) -> None:
+    """SHOW CLIENTS `state`: idle (no server linked), waiting (queued), active (linked)."""
+    with app(bouncer) as client, console(bouncer) as admin:
+        client.execute("SET application_name = 'watched'")
+        assert row(admin, "CLIENTS", application_name="watched")["state"] == "idle"
+        client.execute("BEGIN")
+        assert row(admin, "CLIENTS", application_name="watched")["state"] == "active"
+        client.execute("ROLLBACK")
+        admin.execute("PAUSE app")
+        done = Background(lambda: client.execute("SELECT 1").fetchone())
+        wait_until(lambda: row(admin, "CLIENTS", application_name="watched")["state"]
+                   == "waiting")
+        admin.execute("RESUME app")
+        assert done.result(10) == (1,)
+        assert row(admin, "CLIENTS", application_name="watched")["state"] == "idle"
 
 
 def test_kill_client_by_id(bouncer: Pooler) -> None:
