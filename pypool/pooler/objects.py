@@ -328,7 +328,9 @@ class Pooler:
         cfg = self.settings.pooler
         if self.wire_trace is not None:
             tracing.named(self, client)  # traced by its application_name
-        if self.shutting_down:
+        if self.shutting_down and client.database not in ADMIN_DATABASES:
+            # As PgBouncer 1.25: the unix socket, open until the exit, still lets the console
+            # in (to see what the shutdown waits for, or KILL_CLIENT it), and no one else.
             raise PoolerError("pooler is shutting down", errors.ADMIN_SHUTDOWN)
         # The admin console stays reachable when the clients are at their cap, as PgBouncer
         # exempts it: that is when an operator needs it most.

@@ -28,7 +28,14 @@ from tests.admin.console_client import (
     show,
     wait_until,
 )
-from tests.conftest import APP_PASSWORD, APP_USER, Pooler, server_connections
+from tests.conftest import (
+    ADMIN_PASSWORD,
+    ADMIN_USER,
+    APP_PASSWORD,
+    APP_USER,
+    Pooler,
+    server_connections,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -448,11 +455,23 @@ def test_shutdown_exits(bouncer: Pooler) -> None:
 
 
 def test_shutdown_wait_for_clients(bouncer: Pooler) -> None:
+    """As PgBouncer 1.25: TCP closes, the unix socket stays open for the console only, and
+    the pooler exits once the last client has gone."""
+    socket_dir = str(bouncer.ini_path.parent)
     with app(bouncer) as client, console(bouncer) as admin:
         client.execute("SELECT 1")
         assert admin.execute("SHUTDOWN WAIT_FOR_CLIENTS").statusmessage == "SHUTDOWN"
         assert client.execute("SELECT 2").fetchone() == (2,)  # still served
         assert bouncer.proc.poll() is None
+        with pytest.raises(psycopg.OperationalError, match="pooler is shutting down"):
+            psycopg.connect(host=socket_dir, port=bouncer.port, dbname="app", user=APP_USER,
+                            password=APP_PASSWORD, connect_timeout=5)
+        with psycopg.connect(host=socket_dir, port=bouncer.port, dbname="pgbouncer",
+                             user=ADMIN_USER, password=ADMIN_PASSWORD, autocommit=True,
+                             connect_timeout=5) as late_admin:
+            assert late_admin.execute("SHOW VERSION").fetchone() is not None
+        with pytest.raises(psycopg.OperationalError):
+            app(bouncer)  # TCP: closed
     assert bouncer.proc.wait(10) == 0  # exits once the client has gone
 
 
