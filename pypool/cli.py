@@ -286,6 +286,28 @@ def prepare_process(args: argparse.Namespace, settings: Settings, embedded: bool
     return stale
 
 
+def _log_to_the_ini_logfile(ini: str, line: str) -> None:
+    """A start refused over its ini still reaches the logfile that ini names, if it can be
+    read from it, as PgBouncer logs its fatal configuration errors (scripts grep the log)."""
+    import configparser
+    import time
+
+    parser = configparser.ConfigParser(interpolation=None, strict=False,
+                                       comment_prefixes=(";", "#"), delimiters=("=",))
+    try:
+        parser.read(ini, encoding="utf-8")
+        section = next((s for s in parser.sections() if s.lower() in ("pgbouncer", "pypool")),
+                       None)
+        logfile = parser.get(section, "logfile", fallback="") if section else ""
+        if logfile:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            with open(os.path.join(os.path.dirname(ini), logfile), "a",
+                      encoding="utf-8") as fh:
+                fh.write(f"{stamp}.000 {os.getpid()} {line}\n")
+    except (OSError, configparser.Error, UnicodeDecodeError):
+        pass  # stderr has it
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     target = args.config or os.environ.get("DATABASE_URL")
@@ -310,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         Tls(settings.pooler)  # TLS that cannot be set up stops the pooler here, not later
     except SettingsError as exc:
         print(f"pypool: {exc}", file=sys.stderr)
+        if target and "://" not in target:
+            _log_to_the_ini_logfile(target, f"FATAL {exc}")
         return 2
     try:
         stale_pidfile = prepare_process(args, settings, embedded is not None)

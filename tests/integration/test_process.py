@@ -228,3 +228,17 @@ def test_a_database_url_that_cannot_be_honoured_is_one_line_not_a_traceback(
     done = pypool(url)
     assert done.returncode == 2
     assert why in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_refused_ini_is_logged_in_the_logfile_it_names(
+    postgres: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    """As PgBouncer 1.25 (its suite's test_auth_dbname_usage_global_setting): the start
+    stops, and the logfile says why, not only stderr."""
+    log = tmp_path / "pypool.log"
+    ini, _ = write_ini(tmp_path, postgres, logfile=str(log), auth_dbname="pgbouncer")
+    done = pypool("--quiet", str(ini))
+    assert done.returncode == 2
+    line = 'cannot use the reserved "pgbouncer" database as an auth_dbname'
+    assert line in done.stderr
+    assert log.read_text().count(line) == 1
