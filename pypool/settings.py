@@ -248,6 +248,7 @@ class DatabaseEntry:
     pool_mode: str | None = None
     max_db_client_connections: int | None = None
     server_lifetime: float | None = None
+    query_wait_timeout: float | None = None  # PgBouncer 1.26: per database, then per user
     # host lists (host=a,b): round-robin starts each new server at the next host; disable
     # tries them in order, the first that answers wins.
     load_balance_hosts: str = "round-robin"
@@ -285,6 +286,7 @@ class UserEntry:
     query_timeout: float | None = None
     idle_transaction_timeout: float | None = None
     client_idle_timeout: float | None = None
+    query_wait_timeout: float | None = None  # PgBouncer 1.26's, over the database's
 
 
 @dataclass(frozen=True)
@@ -339,6 +341,7 @@ _USER_KEYS: dict[str, str] = {  # [users] key -> its kind
     "max_user_connections": "int", "max_user_client_connections": "int",
     "transaction_timeout": "duration", "query_timeout": "duration",
     "idle_transaction_timeout": "duration", "client_idle_timeout": "duration",
+    "query_wait_timeout": "duration",
 }
 LOAD_BALANCE_HOSTS = ("round-robin", "disable")
 
@@ -459,7 +462,7 @@ def _database_entry(name: str, text: str, where: str) -> DatabaseEntry:
         try:
             if key == "port" or key in _INT_DB_KEYS:
                 values[key] = parse_int(value)
-            elif key == "server_lifetime":
+            elif key in ("server_lifetime", "query_wait_timeout"):
                 values[key] = parse_duration(value)
             elif key == "load_balance_hosts" and value not in LOAD_BALANCE_HOSTS:
                 raise ValueError(f"must be one of {', '.join(LOAD_BALANCE_HOSTS)}, not {value!r}")

@@ -115,7 +115,7 @@ def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
     depth = pooler.pipeline_depth if may_serve_on(pooler, server) else 0
     chain = server.chain
     out = [data]
-    wait_timeout = pooler.settings.pooler.query_wait_timeout
+    wait_timeout = pool.limits.query_wait_timeout
     now = pooler.now() if wait_timeout else 0.0
     # Only while the pool may not open another server: until then, a new one serves sooner.
     while len(chain) < depth and not pool.paused and pool.server_count >= pool.limits.pool_size:
@@ -156,7 +156,7 @@ def join_open_line(pooler: Pooler, client: ClientConnection) -> bool:
     pool = client.pool
     assert pool is not None
     lines = pool.open_lines
-    if pooler.settings.pooler.query_wait_timeout and not guardable(client):
+    if pool.limits.query_wait_timeout and not guardable(client):
         return False  # no line takes it: leave them listed for those that fit
     depth = pooler.pipeline_depth
     while lines:
@@ -204,7 +204,7 @@ def can_follow(server: ServerConnection, client: ClientConnection) -> bool:
     if (client.statements is None or client.statements.sql
             or not can_follow_any(server)):
         return False
-    if server.pooler.settings.pooler.query_wait_timeout and not guardable(client):
+    if server.pool.limits.query_wait_timeout and not guardable(client):
         return False
     # No SET may be needed for it: a hidden query's replies would be mistaken for the others'.
     session = client.session
@@ -253,7 +253,7 @@ def follow(server: ServerConnection, client: ClientConnection) -> bytes:
     client.on(ClientEvent.LINKED)
     server.pool.stats.pipelined_count += 1
     pooler = server.pooler
-    wait_timeout = pooler.settings.pooler.query_wait_timeout
+    wait_timeout = server.pool.limits.query_wait_timeout
     if not wait_timeout:
         return outbox.take_outbox(client, server)
     st = client.statements

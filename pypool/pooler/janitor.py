@@ -73,10 +73,9 @@ def sweep(pooler: Pooler) -> None:
             while pool.waiting and now - pool.waiting[0].wait_start > query_timeout:
                 pool.stats.count_error("query_timeout")
                 pool.waiting[0].fail(PoolerError("query_timeout"))
-        if cfg.query_wait_timeout:
-            while pool.waiting and (
-                now - pool.waiting[0].wait_start > cfg.query_wait_timeout
-            ):
+        wait_timeout = pool.limits.query_wait_timeout
+        if wait_timeout:
+            while pool.waiting and now - pool.waiting[0].wait_start > wait_timeout:
                 pool.stats.count_error("query_wait_timeout")
                 pool.waiting[0].fail(PoolerError("query_wait_timeout"))
             # Clients queued on a busy server's line whose turn has not come, past their
@@ -90,7 +89,7 @@ def sweep(pooler: Pooler) -> None:
             waited = now - client.state_since
             if query_timeout and waited > query_timeout:
                 expired, text = "query_timeout", "query_timeout"
-            elif cfg.query_wait_timeout and waited > cfg.query_wait_timeout:
+            elif wait_timeout and waited > wait_timeout:
                 expired, text = "query_wait_timeout", "query_wait_timeout"
             elif cfg.client_login_timeout and now - client.connect_time > cfg.client_login_timeout:
                 expired, text = "client_login_timeout", "client_login_timeout (server down)"

@@ -198,7 +198,7 @@ class Pooler:
         cfg = self.settings.pooler
         user_entry = self.settings.users.get(user)
 
-        def pick(*values: int | str | None) -> int | str:
+        def pick(*values: float | str | None) -> float | str:
             return next(v for v in values if v is not None)
 
         # As PgBouncer: a [users] size wins over the [databases] one, which wins over the
@@ -214,6 +214,9 @@ class Pooler:
                                cfg.pool_mode)),
             server_lifetime=(cfg.server_lifetime if entry.server_lifetime is None
                              else entry.server_lifetime),
+            query_wait_timeout=float(pick(
+                user_entry.query_wait_timeout if user_entry else None,
+                entry.query_wait_timeout, cfg.query_wait_timeout)),
             session_state=str(pick(entry.session_state, cfg.session_state)),
         )
 

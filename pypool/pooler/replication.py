@@ -110,7 +110,7 @@ def launch(pooler: Pooler, pool: Pool) -> None:
     if queue is None:
         return
     now = pooler.now()
-    wait_limit = pooler.settings.pooler.query_wait_timeout
+    wait_limit = pool.limits.query_wait_timeout
     while queue and (queue[0].state is not ClientState.WELCOME
                      or (wait_limit and now - queue[0].state_since > wait_limit)):
         client = queue.popleft()

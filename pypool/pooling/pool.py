@@ -33,6 +33,8 @@ class PoolLimits:
     reserve_pool_timeout: float
     pool_mode: str
     server_lifetime: float = 3600.0  # [databases] server_lifetime, else [pgbouncer]'s
+    # [users], else [databases], else [pgbouncer] query_wait_timeout (0: none)
+    query_wait_timeout: float = 120.0
     # What a statement that changes session state does (transaction mode): follow, reject,
     # ignore (docs/session-state.md).
     session_state: str = "follow"

@@ -176,6 +176,35 @@ def test_queued_client_gets_query_wait_timeout_not_a_late_answer(pooler) -> None
             conn.close()
 
 
+@pytest.mark.parametrize("where", ["database", "user"])
+def test_query_wait_timeout_per_database_and_per_user(pooler, postgres, where) -> None:
+    """PgBouncer 1.26: query_wait_timeout in a [databases] entry wins over [pgbouncer]'s,
+    and one in [users] over both."""
+    server = f"host={postgres.host} port={postgres.port} dbname=app"
+    if where == "database":
+        databases, users = {"app": f"{server} query_wait_timeout=1"}, ""
+    else:
+        databases = {"app": f"{server} query_wait_timeout=60"}
+        users = "[users]\napp = query_wait_timeout=1\n"
+    p = pooler(ini_overrides={"default_pool_size": "1", "query_wait_timeout": "60"},
+               databases=databases, extra_sections=users)
+    busy, queued = connect(p.dsn()), connect(p.dsn())
+    try:
+        sleeper = Query(busy, "SELECT pg_sleep(3), 'slept'")
+        sleeper.start()
+        time.sleep(0.3)
+        start = time.monotonic()
+        with pytest.raises(psycopg.OperationalError) as info:
+            queued.execute("SELECT 1")
+        assert_pooler_error(info.value, "query_wait_timeout")
+        assert time.monotonic() - start < 2.9  # its own 1 s, not 60 s nor the sleeper's end
+        sleeper.join(8)
+        assert sleeper.error is None and sleeper.result == ("", "slept")
+    finally:
+        busy.close()
+        queued.close()
+
+
 def test_pipeline_depth_defaults_to_zero(pooler) -> None:
     p = pooler()
     assert "pipeline_depth" not in p.settings
