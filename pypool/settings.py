@@ -122,6 +122,9 @@ class PoolerSettings:
     transaction_timeout: float = 0.0
     client_idle_timeout: float = 0.0
     client_login_timeout: float = 60.0
+    # PgBouncer 1.26: a NOTICE each client gets in its welcome (empty: none), to tell people
+    # they are talking to a pooler.
+    login_notify_message: str = ""
     server_lifetime: float = 3600.0
     server_idle_timeout: float = 600.0
     server_connect_timeout: float = 15.0

@@ -267,8 +267,10 @@ class ClientLogin:
         reader.admin = client.admin is not None
         final, self._final = self._final, b""
         if send:
+            notice = _login_notice(cfg.login_notify_message)
             client.write(b"".join((final, _AUTH_OK, statuses,
-                                   m.backend_key_data(*client.cancel_key), _READY_IDLE)))
+                                   m.backend_key_data(*client.cancel_key), notice,
+                                   _READY_IDLE)))
         client.on(ClientEvent.WELCOMED)
         pool = client.pool
         if (cfg.max_prepared_statements > 0 and pool is not None and client.admin is None
@@ -292,6 +294,19 @@ class ClientLogin:
 # each distinct value is made once and shared (none of them is changed in place).
 
 _AUTH_OK = m.authentication(m.AUTH_OK)
+_notices: dict[str, bytes] = {"": b""}
+
+
+def _login_notice(text: str) -> bytes:
+    """login_notify_message's NOTICE (b"" when unset), made once per text."""
+    notice = _notices.get(text)
+    if notice is None:
+        if len(_notices) > 8:
+            _notices.clear()
+            _notices[""] = b""
+        notice = _notices[text] = m.notice_response(text)
+    return notice
+
 _READY_IDLE = m.ready_for_query(m.TX_IDLE)
 # Bounds on the caches below: distinct startup packets and parameter sets are few in
 # practice; past the bound a cache starts over rather than grow with hostile input.

@@ -401,3 +401,20 @@ def test_trust_lets_in_a_user_auth_query_finds_without_a_password(
         connect(p.dsn("postgres", "no_such_role_at_all", ""))
     assert "trust" not in str(unknown.value)
     assert "closing because: no such user" in p.log()
+
+
+def test_login_notify_message_is_a_notice_in_the_welcome(pooler) -> None:
+    """PgBouncer 1.26: a NOTICE after AuthenticationOk, before ReadyForQuery; none unset."""
+    from tests.integration.rawclient import RawClient
+
+    told = pooler(ini_overrides={"auth_type": "trust",
+                                 "login_notify_message": "you are talking to pypool"})
+    with RawClient(told.host, told.port, timeout=10) as raw:
+        login = raw.login("app", "app")
+        assert [kind for kind, _ in login.messages][-2:] == [ord("N"), ord("Z")]
+        notice = next(body for kind, body in login.messages if kind == ord("N"))
+        assert b"SNOTICE\x00" in notice and b"Myou are talking to pypool\x00" in notice
+        assert raw.simple_query("SELECT 1")[0] == [["1"]]
+    silent = pooler(ini_overrides={"auth_type": "trust"})
+    with RawClient(silent.host, silent.port, timeout=10) as raw:
+        assert ord("N") not in [kind for kind, _ in raw.login("app", "app").messages]
