@@ -83,6 +83,20 @@ def test_query_timeout(postgres, pooler) -> None:
         assert other.execute("SELECT 4").fetchone()[0] == 4
 
 
+def test_query_timeout_leaves_idle_clients_alone(postgres, pooler) -> None:
+    """PgBouncer 1.26: query_timeout ends queries, not clients that run none (idle, or idle
+    in a transaction: that is idle_transaction_timeout's business)."""
+    p = pooler(ini_overrides={"query_timeout": "1"})
+    with connect(p.dsn()) as idle, connect(p.dsn()) as in_transaction:
+        assert idle.execute("SELECT 1").fetchone() == (1,)
+        in_transaction.execute("BEGIN")
+        in_transaction.execute("SELECT 1")
+        time.sleep(2.5)  # two janitor sweeps past query_timeout
+        assert idle.execute("SELECT 2").fetchone() == (2,)
+        assert in_transaction.execute("SELECT 3").fetchone() == (3,)
+        in_transaction.execute("COMMIT")
+
+
 def test_idle_transaction_timeout(postgres, pooler, app_table) -> None:
     p = pooler(ini_overrides={"idle_transaction_timeout": "1"})
     with connect(p.dsn()) as conn:
