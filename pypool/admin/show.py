@@ -19,13 +19,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import __version__
+from .. import PGBOUNCER_VERSION, __version__
 from ..observe.view import ADMIN_DB, ClientInfo, PoolerView, PoolInfo, ServerInfo
 from ..pooling import stats as st
 from ..protocol import messages as m
 from ..settings import RESTART_ONLY_KEYS, PoolerSettings
 
-PGBOUNCER_VERSION = "1.24.1"
 # PgBouncer's own version first: tools that gate features on it parse the first x.y.z.
 VERSION = f"PgBouncer {PGBOUNCER_VERSION} (pypool {__version__})"
 

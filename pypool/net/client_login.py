@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
+from .. import PGBOUNCER_VERSION
 from ..core import client_login
 from ..core.client_login import Authenticated, FirstPacket, StartTls, StartupTls
 from ..core.exchange import advance
@@ -266,13 +267,16 @@ class ClientLogin:
         reader = client.reader
         reader.admin = client.admin is not None
         final, self._final = self._final, b""
+        pool = client.pool
         if send:
             notice = _login_notice(cfg.login_notify_message)
+            if pool is not None and client.admin is None:
+                statuses += _pooler_statuses(pool.limits.pool_mode,
+                                             cfg.max_prepared_statements)
             client.write(b"".join((final, _AUTH_OK, statuses,
                                    m.backend_key_data(*client.cancel_key), notice,
                                    _READY_IDLE)))
         client.on(ClientEvent.WELCOMED)
-        pool = client.pool
         if (cfg.max_prepared_statements > 0 and pool is not None and client.admin is None
                 and pool.limits.pool_mode != "session" and client.statements is None):
             client.statements = prepared.ClientStatements(
@@ -295,6 +299,16 @@ class ClientLogin:
 
 _AUTH_OK = m.authentication(m.AUTH_OK)
 _notices: dict[str, bytes] = {"": b""}
+
+
+@functools.lru_cache(maxsize=16)
+def _pooler_statuses(pool_mode: str, max_prepared: int) -> bytes:
+    """PgBouncer 1.26's ParameterStatus messages that tell a driver it talks to a pooler:
+    the PgBouncer version pypool answers as, the client's pool mode, and whether prepared
+    statements are carried across servers (max_prepared_statements > 0)."""
+    return (m.parameter_status("pgbouncer.version", PGBOUNCER_VERSION)
+            + m.parameter_status("pgbouncer.pool_mode", pool_mode)
+            + m.parameter_status("pgbouncer.max_prepared_statements", str(max_prepared)))
 
 
 def _login_notice(text: str) -> bytes:

@@ -418,3 +418,18 @@ def test_login_notify_message_is_a_notice_in_the_welcome(pooler) -> None:
     silent = pooler(ini_overrides={"auth_type": "trust"})
     with RawClient(silent.host, silent.port, timeout=10) as raw:
         assert ord("N") not in [kind for kind, _ in raw.login("app", "app").messages]
+
+
+def test_the_welcome_tells_a_driver_it_talks_to_a_pooler(pooler) -> None:
+    """PgBouncer 1.26's ParameterStatus at login: pgbouncer.version (the release pypool
+    answers as), pgbouncer.pool_mode (the client's pool's) and
+    pgbouncer.max_prepared_statements; libpq exposes them as any reported parameter."""
+    import psycopg
+
+    p = pooler(ini_overrides={"max_prepared_statements": "50"})
+    with psycopg.connect(p.dsn(), connect_timeout=5) as conn:
+        status = conn.info.parameter_status
+        assert status("pgbouncer.version") == "1.24.1"
+        assert status("pgbouncer.pool_mode") == "transaction"
+        assert status("pgbouncer.max_prepared_statements") == "50"
+        assert status("server_version")  # the server's own still come first
