@@ -125,6 +125,9 @@ class PoolerSettings:
     # PgBouncer 1.26: a NOTICE each client gets in its welcome (empty: none), to tell people
     # they are talking to a pooler.
     login_notify_message: str = ""
+    # PgBouncer 1.26: a pool with no client and no server for this long is forgotten (its
+    # SHOW POOLS line and its counters go with it); 0 keeps every pool.
+    pool_idle_timeout: float = 0.0
     server_lifetime: float = 3600.0
     server_idle_timeout: float = 600.0
     server_connect_timeout: float = 15.0

@@ -150,6 +150,8 @@ def sweep(pooler: Pooler) -> None:
         if pool.removed and not pool.clients:
             _drop_removed(pooler, pool)
             continue
+        if cfg.pool_idle_timeout and _forget_if_unused(pooler, pool, now, cfg.pool_idle_timeout):
+            continue
         pooler.launch_servers(pool)
     users = pooler.settings.users
     if cfg.client_idle_timeout or any(u.client_idle_timeout for u in users.values()):
@@ -168,6 +170,23 @@ def _user_value(entry: UserEntry | None, key: str, default: float) -> float:
     """A [users] timeout if that user sets it, else the [pgbouncer] one."""
     value = getattr(entry, key) if entry is not None else None
     return default if value is None else float(value)
+
+
+def _forget_if_unused(pooler: Pooler, pool: Pool, now: float, timeout: float) -> bool:
+    """pool_idle_timeout (PgBouncer 1.26): a pool with no client and no server for that
+    long is forgotten; the next client of its database and user makes it anew."""
+    if not pool.unused() or pool.limits.min_pool_size:
+        pool.unused_since = 0.0
+        return False
+    if not pool.unused_since:
+        pool.unused_since = now
+        return False
+    if now - pool.unused_since <= timeout:
+        return False
+    del pooler.pools[(pool.database, pool.user)]
+    log.info("pool %s/%s unused for %.0f s, forgotten (pool_idle_timeout)", pool.database,
+             pool.user, now - pool.unused_since)
+    return True
 
 
 def _drop_removed(pooler: Pooler, pool: Pool) -> None:

@@ -111,6 +111,11 @@ class Pool:
         # Servers to close instead of reusing (RECONNECT, a changed [databases] entry).
         self.close_needed: set[Any] = set()
         self.stats = PoolStats()
+        self.unused_since = 0.0  # when it last had no client and no server (pool_idle_timeout)
+
+    def unused(self) -> bool:
+        """No client and no server of any kind: nothing would be lost with it but counters."""
+        return not (self.clients or self.server_count or self.waiting or self.awaiting_params)
 
     @property
     def server_count(self) -> int:

@@ -359,3 +359,24 @@ def test_server_login_retry_then_recovery(postgres, pooler) -> None:
         assert p.proc.poll() is None
     finally:
         forwarder.stop()
+
+
+def test_pool_idle_timeout_forgets_an_unused_pool(postgres, pooler) -> None:
+    """PgBouncer 1.26: no client and no server for pool_idle_timeout, and the pool goes
+    from SHOW POOLS; the next client of that database and user makes it anew."""
+    from tests.admin.console_client import console, show
+
+    p = pooler(ini_overrides={"pool_idle_timeout": "1", "server_idle_timeout": "1"})
+
+    def pools() -> set[tuple[str, str]]:
+        with console(p) as admin:
+            return {(r["database"], r["user"]) for r in show(admin, "POOLS")}
+
+    with connect(p.dsn()) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert ("app", "app") in pools()
+    assert wait_for(lambda: ("app", "app") not in pools(), 10)
+    assert "forgotten (pool_idle_timeout)" in p.log()
+    with connect(p.dsn()) as conn:
+        assert conn.execute("SELECT 2").fetchone() == (2,)
+    assert ("app", "app") in pools()
