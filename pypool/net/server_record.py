@@ -50,6 +50,9 @@ class ServerRecord(ReadingSwitch):
         now = pooler.now()
         self.connect_time = now
         self.request_time = now  # when last linked or released
+        # Whether it has served a client (PgBouncer's sv_used): only such a server is given
+        # server_check_query; one fresh from its login has just proved itself.
+        self.used = False
         # CancelRequests aimed at this server's backend not yet known to have landed: while
         # any is, the server is handed to no one (Pool.being_canceled).
         self.cancels_in_flight = 0

@@ -78,8 +78,9 @@ def link(pooler: Pooler, client: ClientConnection, server: ServerConnection,
     pool = server.pool
     now = now or pooler.now()
     # server_check_query: a server free for server_check_delay is checked before use.
+    # As PgBouncer, only a server that has served before (sv_used) is checked.
     check = pooler.check_query
-    if check and now - server.request_time < pooler.check_delay:
+    if check and (not server.used or now - server.request_time < pooler.check_delay):
         check = ""
     if client.state is ClientState.WAITING:
         pool.stats.wait_time_us += int((now - client.wait_start) * 1e6)
@@ -93,6 +94,7 @@ def link(pooler: Pooler, client: ClientConnection, server: ServerConnection,
     server.on(ServerEvent.LINKED)
     client.link_time = now
     server.request_time = now
+    server.used = True
     pool.stats.server_assignment_count += 1
     if client.writing_paused or server.writing_paused:
         carry_back_pressure(client, server)
