@@ -110,6 +110,15 @@ def app_table(postgres: EmbeddedPostgres) -> Iterator[str]:
         conn.execute(f"DROP TABLE IF EXISTS {name}")
 
 
+def rss_mib(pid: int) -> float:
+    """The resident memory of process `pid` (a pooler's), in MiB, as the kernel counts it."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
 def rows_in(postgres: EmbeddedPostgres, table: str) -> int:
     """How many rows `table` in db app holds, read directly from PostgreSQL."""
     rows = postgres.execute(f"SELECT count(*) FROM {table}", dbname="app")

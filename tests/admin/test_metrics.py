@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pypool.embedded import free_port
 from tests.admin.console_client import Background, app, console, row, wait_until
-from tests.conftest import Pooler
+from tests.conftest import Pooler, rss_mib
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -171,14 +171,6 @@ def test_errors_by_kind(metrics_pooler: tuple[Pooler, int]) -> None:
 
 
 
-def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_a_flood_of_connections_with_huge_heads_is_bounded(
         metrics_pooler: tuple[Pooler, int]) -> None:
     """1,000 connections sending 60 KB request heads: at most 64 are served at once, a head
@@ -187,7 +179,7 @@ def test_a_flood_of_connections_with_huge_heads_is_bounded(
 
     p, port = metrics_pooler
     scrape(p, port)
-    before = _rss_mib(p.proc.pid)
+    before = rss_mib(p.proc.pid)
     junk = b"GET /metrics HTTP/1.1\r\nX-Junk: " + b"a" * 60_000
     socks = []
     for _ in range(1000):
@@ -197,7 +189,7 @@ def test_a_flood_of_connections_with_huge_heads_is_bounded(
         except OSError:
             pass  # closed on arrival: over the cap
         socks.append(sock)
-    during = _rss_mib(p.proc.pid)
+    during = rss_mib(p.proc.pid)
     for sock in socks:
         sock.close()
     assert during - before < 32, f"RSS grew {during - before:.0f} MiB"
@@ -205,4 +197,4 @@ def test_a_flood_of_connections_with_huge_heads_is_bounded(
         sock.sendall(junk + b"\r\n\r\n")
         assert sock.recv(100).startswith(b"HTTP/1.1 431")
     wait_until(lambda: "pgbouncer_up" in scrape(p, port), timeout=10)
-    assert _rss_mib(p.proc.pid) - before < 32
+    assert rss_mib(p.proc.pid) - before < 32

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests.conftest import rss_mib
 from tests.integration.rawclient import RawClient
 
 pytestmark = pytest.mark.timeout(90)
@@ -19,23 +20,15 @@ ROWS = 200_000
 ROW_BYTES = 1000  # about 200 MB of DataRow in all
 
 
-def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_slow_reader_does_not_balloon_pooler_memory(pooler) -> None:
     p = pooler({"auth_type": "trust"})
     with RawClient(p.host, p.port, timeout=60) as client:
         client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         client.login("app", "app")
-        before = _rss_mib(p.proc.pid)
+        before = rss_mib(p.proc.pid)
         client.query(f"SELECT repeat('x', {ROW_BYTES}) FROM generate_series(1, {ROWS})")
         time.sleep(3)  # read nothing while PostgreSQL produces the whole result
-        stalled = _rss_mib(p.proc.pid)
+        stalled = rss_mib(p.proc.pid)
         rows = 0
         tag = b""
         while True:

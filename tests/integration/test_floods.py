@@ -20,19 +20,12 @@ from contextlib import contextmanager
 import pytest
 
 from pypool.protocol import messages as m
+from tests.conftest import rss_mib
 from tests.integration.rawclient import RawClient
 
 pytestmark = pytest.mark.timeout(120)
 
 MiB = 1 << 20
-
-
-def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def _flood(sock: socket.socket, chunk: bytes, seconds: float, limit: int) -> int:
@@ -94,16 +87,16 @@ def _quit(p) -> None:
 def _bounded(p, flood: Callable[[], int], grown_mib: float = 48) -> tuple[int, Canary]:
     """Run `flood` beside a canary; the pooler's RSS may grow at most `grown_mib` while it
     runs, and comes back (within the same) once the flooding client has left."""
-    before = _rss_mib(p.proc.pid)
+    before = rss_mib(p.proc.pid)
     canary = Canary(p.host, p.port)
     with canary.beside():
         sent = flood()
-        during = _rss_mib(p.proc.pid)
+        during = rss_mib(p.proc.pid)
         time.sleep(0.6)
     assert canary.answers >= 2, "the canary was not served during the flood"
     assert during - before < grown_mib, f"RSS grew {during - before:.0f} MiB during a flood"
     time.sleep(0.6)
-    after = _rss_mib(p.proc.pid)
+    after = rss_mib(p.proc.pid)
     assert after - before < grown_mib, f"RSS stayed {after - before:.0f} MiB up after it"
     return sent, canary
 

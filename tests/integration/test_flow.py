@@ -19,7 +19,7 @@ import pytest
 
 from pypool.embedded import EmbeddedPostgres
 from pypool.protocol import messages as m
-from tests.conftest import server_connections
+from tests.conftest import rss_mib, server_connections
 from tests.integration.rawclient import RawClient
 
 pytestmark = pytest.mark.timeout(90)
@@ -98,14 +98,6 @@ def test_waiting_client_outbox_is_bounded(pooler) -> None:
                 client.read_message()  # nothing more than one reply per query
 
 
-def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 SMALL_ROW = 7000  # one reply (T, D, C, Z) under PostgreSQL's 8 KiB send buffer: one send
 SMALL_QUERIES = 1500  # ~10 MB: more than the kernel holds between pooler and client
 BIG_ROWS, BIG_ROW = 200_000, 1000  # ~200 MB
@@ -128,10 +120,10 @@ def test_back_pressure_carries_to_the_next_link(pooler) -> None:
             client.send(small)
             time.sleep(0.002)  # its reply arrives and the transaction ends before the next
         time.sleep(0.5)
-        before = _rss_mib(p.proc.pid)
+        before = rss_mib(p.proc.pid)
         client.query(f"SELECT repeat('x', {BIG_ROW}) FROM generate_series(1, {BIG_ROWS})")
         time.sleep(3)  # read nothing while PostgreSQL produces the whole result
-        grown = _rss_mib(p.proc.pid) - before
+        grown = rss_mib(p.proc.pid) - before
         assert grown < 40, f"pooler RSS grew {grown:.0f} MiB while the client did not read"
         # The replies held back are still there, in order (the first few are read; reading
         # all ~210 MB through a 4 KiB receive buffer is slow when transactions pipelined).

@@ -54,13 +54,11 @@ def serves(port: int) -> bool:
         return False
 
 
-def test_quiet_silences_stderr_but_not_the_logfile(
-    postgres: EmbeddedPostgres, tmp_path: Path
-) -> None:
-    log = tmp_path / "pypool.log"
-    ini, port = write_ini(tmp_path, postgres, logfile=str(log))
+def _serve_once(ini: Path, port: int, *flags: str) -> tuple[bytes, bytes]:
+    """Run pypool in the foreground until a client is served, SIGQUIT it; its stdout and
+    stderr (it must have exited 0)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "pypool", "--quiet", str(ini)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "pypool", *flags, str(ini)], env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     try:
@@ -69,6 +67,15 @@ def test_quiet_silences_stderr_but_not_the_logfile(
         proc.send_signal(signal.SIGQUIT)
         out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0
+    return out, err
+
+
+def test_quiet_silences_stderr_but_not_the_logfile(
+    postgres: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    log = tmp_path / "pypool.log"
+    ini, port = write_ini(tmp_path, postgres, logfile=str(log))
+    out, err = _serve_once(ini, port, "--quiet")
     assert out == b"" and err == b""
     text = log.read_text()
     assert "login attempt: db=app user=app" in text  # INFO lines are kept
@@ -172,15 +179,7 @@ def test_without_quiet_the_log_goes_to_stderr_as_well_as_the_logfile(
 ) -> None:
     log = tmp_path / "pypool.log"
     ini, port = write_ini(tmp_path, postgres, logfile=str(log))
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "pypool", str(ini)], env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    try:
-        assert wait_for(lambda: serves(port), 15)
-    finally:
-        proc.send_signal(signal.SIGQUIT)
-        _, err = proc.communicate(timeout=10)
+    _, err = _serve_once(ini, port)
     assert b"login attempt: db=app user=app" in err
     assert "login attempt: db=app user=app" in log.read_text()
 
