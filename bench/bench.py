@@ -33,7 +33,7 @@ BENCH = Path(__file__).resolve().parent
 CACHE = BENCH / ".cache"
 RESULTS = BENCH / "results"
 PGBENCH_SCALE = 10
-TARGET_NAMES = ("pypool", "pgbouncer", "direct")
+TARGET_NAMES = ("pypool", "pgbouncer", "relay", "direct")
 IDLE_FD_HEADROOM = 100  # listening socket, server connections, log files
 
 
@@ -60,7 +60,8 @@ def parse_args() -> argparse.Namespace:
         "--poolers",
         type=_csv,
         default=list(TARGET_NAMES),
-        help="comma-separated targets, run in this order (default pypool,pgbouncer,direct)",
+        help="comma-separated targets, run in this order (default pypool,pgbouncer,direct; "
+             "relay: the no-op uvloop relay, bench/relay.py, the floor for pooler CPU)",
     )
     parser.add_argument(
         "--workers",

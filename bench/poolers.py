@@ -58,7 +58,7 @@ class Target:
     """One system a scenario is run against, as named in the results."""
 
     name: str
-    kind: str  # "pypool", "pgbouncer" or "direct"
+    kind: str  # "pypool", "pgbouncer", "relay" (bench/relay.py) or "direct"
     port: int  # a pooler's is chosen anew at each start
     ini: Path | None = None
     settings: dict[str, object] = field(default_factory=dict)  # the ini's [pgbouncer] section
@@ -229,6 +229,21 @@ def make_targets(
     for name in names:
         if name == "direct":
             targets.append(Target("direct", "direct", cluster.port))
+        elif name == "relay":
+            # The floor: a no-op uvloop relay, one PostgreSQL connection per client (relay.py).
+            ini = workdir / "relay.ini"
+            targets.append(
+                Target(
+                    "relay",
+                    "relay",
+                    0,
+                    ini=ini,
+                    settings=settings,
+                    command=[sys.executable, str(REPO / "bench" / "relay.py"), str(ini)],
+                    popen_kwargs=dict(cwd=REPO),
+                    logfile=workdir / "relay.log",
+                )
+            )
         elif name == "pgbouncer":
             ini = workdir / "pgbouncer.ini"
             targets.append(

@@ -49,17 +49,18 @@ def _spread(values: list[float]) -> dict[str, float] | None:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def _ratios(runs: list[dict], variant: str, key: str) -> list[float]:
-    """Per-round pypool/PgBouncer ratios of ``key`` for one pypool variant."""
+def _ratios(runs: list[dict], variant: str, key: str, base: str = "pgbouncer") -> list[float]:
+    """Per-round ratios of ``key``, a pypool variant's over ``base``'s (PgBouncer, or the
+    no-op relay, bench/relay.py)."""
     by_round: dict[int, dict[str, float]] = {}
     for run in runs:
         measured = value(run, key)
-        if run["ok"] and run["target"] in (variant, "pgbouncer") and measured is not None:
+        if run["ok"] and run["target"] in (variant, base) and measured is not None:
             by_round.setdefault(run["round"], {})[run["target"]] = measured
     return [
-        pair[variant] / pair["pgbouncer"]
+        pair[variant] / pair[base]
         for _, pair in sorted(by_round.items())
-        if len(pair) == 2 and pair["pgbouncer"]
+        if len(pair) == 2 and pair[base]
     ]
 
 
@@ -96,6 +97,11 @@ def summarize(runs: list[dict], scenarios: list[Scenario], targets: list[str]) -
                     **(_spread(headline) or {}),
                     "pooler_cpu_pairs": _ratios(mine, variant, "pooler_cpu_s_per_1k"),
                 }
+            over_relay = _ratios(mine, variant, "pooler_cpu_s_per_1k", "relay")
+            if over_relay and variant in ratios:
+                # The floor: pypool's own work, beyond moving the bytes on uvloop.
+                ratios[variant]["pooler_cpu_vs_relay_pairs"] = over_relay
+                ratios[variant]["pooler_cpu_vs_relay"] = _spread(over_relay)
         summary[scenario.name] = {"targets": per_target, "ratios": ratios}
     return summary
 
@@ -195,6 +201,19 @@ def write_markdown(
         )
     else:
         lines += ["No pypool/PgBouncer pairs in this run.", ""]
+
+    floor_rows = [
+        [name, variant, f"**{floor['median']:.2f}**", f"{floor['min']:.2f}–{floor['max']:.2f}"]
+        for name, entry in summary.items()
+        for variant, ratio in entry["ratios"].items()
+        if (floor := ratio.get("pooler_cpu_vs_relay"))
+    ]
+    if floor_rows:
+        lines += ["", "## pypool / the no-op relay (bench/relay.py)", "",
+                  "Pooler CPU per transaction over the relay's, per adjacent pair: what "
+                  "pypool's own work costs beyond moving the bytes on uvloop.", ""]
+        lines += _table(["Scenario", "pypool", "pooler CPU/1k tx ratio", "min–max"],
+                        floor_rows)
 
     groups = {
         "Throughput and latency": [s for s in scenarios if not s.idle_clients and not s.script],
