@@ -24,7 +24,14 @@ from urllib.parse import quote
 from . import daemon
 from .daemon import StartError, check_pidfile, daemonize, switch_user
 from .net.tls import Tls
-from .settings import Settings, SettingsError, from_url, load_ini, worker_share
+from .settings import (
+    Settings,
+    SettingsError,
+    from_url,
+    load_ini,
+    logfile_named_in,
+    worker_share,
+)
 
 if TYPE_CHECKING:
     from .embedded import EmbeddedPostgres
@@ -77,6 +84,11 @@ def version_text() -> str:
     return VERSION
 
 
+# PgBouncer's log line: `2026-12-02 10:00:00.123 4242 LOG message` (Python's level names).
+LOG_FORMAT = "%(asctime)s.%(msecs)03d %(process)d %(levelname)s %(message)s"
+LOG_DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
 def setup_logging(settings: Settings, verbose: int, quiet: bool) -> None:
     """The logfile if set, and stderr unless quiet (as PgBouncer's: --quiet and -d only
     silence stderr; the logfile keeps every line at the usual level, scripts grep it)."""
@@ -87,8 +99,7 @@ def setup_logging(settings: Settings, verbose: int, quiet: bool) -> None:
         handlers.append(logging.handlers.WatchedFileHandler(settings.pooler.logfile))
     if not quiet:
         handlers.append(logging.StreamHandler(sys.stderr))
-    formatter = logging.Formatter(
-        "%(asctime)s.%(msecs)03d %(process)d %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
+    formatter = logging.Formatter(LOG_FORMAT, LOG_DATE_FORMAT)
     for handler in handlers:
         handler.setFormatter(formatter)
     root = logging.getLogger()
@@ -286,26 +297,24 @@ def prepare_process(args: argparse.Namespace, settings: Settings, embedded: bool
     return stale
 
 
-def _log_to_the_ini_logfile(ini: str, line: str) -> None:
-    """A start refused over its ini still reaches the logfile that ini names, if it can be
-    read from it, as PgBouncer logs its fatal configuration errors (scripts grep the log)."""
-    import configparser
-    import time
-
-    parser = configparser.ConfigParser(interpolation=None, strict=False,
-                                       comment_prefixes=(";", "#"), delimiters=("=",))
+def _log_refused_start(ini: str, why: str) -> None:
+    """A start refused over its ini still reaches the logfile that ini names, as PgBouncer
+    logs its fatal configuration errors (scripts grep the log): the same file and line
+    format the running pooler would use."""
+    logfile = logfile_named_in(ini)
+    if not logfile:
+        return
     try:
-        parser.read(ini, encoding="utf-8")
-        section = next((s for s in parser.sections() if s.lower() in ("pgbouncer", "pypool")),
-                       None)
-        logfile = parser.get(section, "logfile", fallback="") if section else ""
-        if logfile:
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            with open(os.path.join(os.path.dirname(ini), logfile), "a",
-                      encoding="utf-8") as fh:
-                fh.write(f"{stamp}.000 {os.getpid()} {line}\n")
-    except (OSError, configparser.Error, UnicodeDecodeError):
-        pass  # stderr has it
+        handler = logging.handlers.WatchedFileHandler(logfile)
+    except OSError:
+        return  # stderr has it
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, LOG_DATE_FORMAT))
+    log.addHandler(handler)
+    try:
+        log.critical("%s", why)
+    finally:
+        log.removeHandler(handler)
+        handler.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"pypool: {exc}", file=sys.stderr)
         if target and "://" not in target:
-            _log_to_the_ini_logfile(target, f"FATAL {exc}")
+            _log_refused_start(target, str(exc))
         return 2
     try:
         stale_pidfile = prepare_process(args, settings, embedded is not None)

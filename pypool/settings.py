@@ -364,11 +364,10 @@ def _check(key: str, value: object) -> None:
         return
     if isinstance(value, int):
         low, high = BOUNDS.get(key, (0, MAX_INT))
-        if value < low:
-            allowed = f">= {low}" if high == MAX_INT else f"between {low} and {high}"
-            raise ValueError(f"must be {allowed}, not {value}")
-        if value > high:
-            allowed = f"<= {high}" if high == MAX_INT else f"between {low} and {high}"
+        if not low <= value <= high:
+            # Name the bound crossed (a key without an upper bound of its own has C's).
+            allowed = (f"between {low} and {high}" if high != MAX_INT
+                       else f">= {low}" if value < low else f"<= {high}")
             raise ValueError(f"must be {allowed}, not {value}")
     elif key == "pool_mode" and value not in POOL_MODES:
         raise ValueError(f"must be one of {', '.join(POOL_MODES)}, not {value!r}")
@@ -576,13 +575,31 @@ def replace_setting(settings: PoolerSettings, key: str, text: str) -> PoolerSett
     return dataclasses.replace(settings, **{key: value})  # type: ignore[arg-type]
 
 
-def load_ini(path: str | Path) -> Settings:
-    """Parse a PgBouncer-format ini file."""
-    path = Path(path)
+def _ini_parser() -> configparser.ConfigParser:
+    """How a PgBouncer ini is read: no interpolation, `;` and `#` comments, keys as written."""
     parser = configparser.ConfigParser(
         interpolation=None, strict=False, comment_prefixes=(";", "#"), delimiters=("=",)
     )
     parser.optionxform = str  # type: ignore[assignment,method-assign]
+    return parser
+
+
+def logfile_named_in(path: str | Path) -> str:
+    """The `logfile` an ini names, read leniently: for a start that load_ini refused, whose
+    reason still belongs in that log. "" when there is none or the file cannot be read."""
+    parser = _ini_parser()
+    try:
+        parser.read(path, encoding="utf-8")
+    except (configparser.Error, UnicodeDecodeError):
+        return ""
+    name = next((s for s in ("pgbouncer", "pypool") if parser.has_section(s)), None)
+    return parser.get(name, "logfile", fallback="").strip() if name else ""
+
+
+def load_ini(path: str | Path) -> Settings:
+    """Parse a PgBouncer-format ini file."""
+    path = Path(path)
+    parser = _ini_parser()
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:

@@ -269,13 +269,12 @@ class ClientLogin:
         final, self._final = self._final, b""
         pool = client.pool
         if send:
-            notice = _login_notice(cfg.login_notify_message)
-            if pool is not None and client.admin is None:
-                statuses += _pooler_statuses(pool.limits.pool_mode,
-                                             cfg.max_prepared_statements)
-            client.write(b"".join((final, _AUTH_OK, statuses,
-                                   m.backend_key_data(*client.cancel_key), notice,
-                                   _READY_IDLE)))
+            pooler_statuses = (b"" if pool is None or client.admin is not None else
+                               _pooler_statuses(pool.limits.pool_mode,
+                                                cfg.max_prepared_statements))
+            client.write(b"".join((final, _AUTH_OK, statuses, pooler_statuses,
+                                   m.backend_key_data(*client.cancel_key),
+                                   _login_notice(cfg.login_notify_message), _READY_IDLE)))
         client.on(ClientEvent.WELCOMED)
         if (cfg.max_prepared_statements > 0 and pool is not None and client.admin is None
                 and pool.limits.pool_mode != "session" and client.statements is None):
@@ -298,7 +297,6 @@ class ClientLogin:
 # each distinct value is made once and shared (none of them is changed in place).
 
 _AUTH_OK = m.authentication(m.AUTH_OK)
-_notices: dict[str, bytes] = {"": b""}
 
 
 @functools.lru_cache(maxsize=16)
@@ -311,15 +309,10 @@ def _pooler_statuses(pool_mode: str, max_prepared: int) -> bytes:
             + m.parameter_status("pgbouncer.max_prepared_statements", str(max_prepared)))
 
 
+@functools.lru_cache(maxsize=8)
 def _login_notice(text: str) -> bytes:
     """login_notify_message's NOTICE (b"" when unset), made once per text."""
-    notice = _notices.get(text)
-    if notice is None:
-        if len(_notices) > 8:
-            _notices.clear()
-            _notices[""] = b""
-        notice = _notices[text] = m.notice_response(text)
-    return notice
+    return m.notice_response(text) if text else b""
 
 _READY_IDLE = m.ready_for_query(m.TX_IDLE)
 # Bounds on the caches below: distinct startup packets and parameter sets are few in

@@ -384,13 +384,13 @@ def _set(text: bytes, pos: int, words: list[bytes]) -> list[Command]:
     if len(words) <= i or words[i] in _TRANSACTION_LOCAL:
         return []  # SET LOCAL, SET TRANSACTION, SET CONSTRAINTS: gone at the transaction's end
     statement, alone = single(text, pos)
+    if i == 2:  # SET SESSION x: the same as SET x, replayed without the noise word
+        statement = b"SET " + statement[statement.lower().index(b"session") + 7 :].lstrip()
     if words[i] == b"session":
         if words[i + 1 : i + 2] == [b"characteristics"]:
             return [Command(UNTRACKABLE, b"session characteristics")]
         if words[i + 1 : i + 2] == [b"authorization"]:
             name = SESSION_AUTHORIZATION
-            if i == 2:
-                statement = b"SET " + statement[statement.lower().index(b"session") + 7 :].lstrip()
             return [Command(SET, name, statement) if alone else Command(UNTRACKABLE, name)]
     first = words[i]
     if first == b"role":
@@ -402,8 +402,6 @@ def _set(text: bytes, pos: int, words: list[bytes]) -> list[Command]:
             name = name + b"." + _setting(words[i + 2])
     if not alone:
         return _set_list(text, pos, name)
-    if i == 2:  # SET SESSION x: the same as SET x, replayed without the noise word
-        statement = b"SET " + statement[statement.lower().index(b"session") + 7 :].lstrip()
     return [Command(SET, name, statement)]
 
 

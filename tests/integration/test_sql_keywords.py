@@ -135,11 +135,10 @@ def test_every_keyword_after_execute_and_deallocate(direct, keywords):
     direct.execute("DEALLOCATE ALL")
 
 
-def _check_session(conn, text: str) -> None:
+def _check_session(conn, base: dict[str, str], text: str) -> None:
     """After `text` ran directly, the session settings that changed are the ones the pooler
     records, its replay makes the same state on a fresh session, and its undo takes it back.
     The session is at its reset state before and after (a failed statement changes nothing)."""
-    base = _BASE
     if not _run(conn, text):
         return
     after = _session(conn)
@@ -173,13 +172,11 @@ def _check_session(conn, text: str) -> None:
             _reset_session(conn)
 
 
-_BASE: dict[str, str] = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _base(direct) -> None:
+@pytest.fixture(scope="module")
+def base(direct) -> dict[str, str]:
+    """The session as RESET leaves it: what every statement is compared against."""
     _reset_session(direct)
-    _BASE.update(_session(direct))
+    return _session(direct)
 
 
 def _check_reset(conn, word: str) -> None:
@@ -208,11 +205,11 @@ def _check_reset(conn, word: str) -> None:
         assert reset <= {named, "(role)", "(session)"}, (text, named, reset)
 
 
-def test_every_keyword_after_set_is_followed_as_postgresql_runs_it(direct, keywords):
+def test_every_keyword_after_set_is_followed_as_postgresql_runs_it(direct, keywords, base):
     for word in keywords:
         for tail in SET_TAILS:
-            _check_session(direct, f"SET {word} {tail}")
-            _check_session(direct, f"SET SESSION {word} {tail}")
+            _check_session(direct, base, f"SET {word} {tail}")
+            _check_session(direct, base, f"SET SESSION {word} {tail}")
     _reset_session(direct)
 
 
@@ -222,10 +219,10 @@ def test_every_keyword_after_reset_names_what_postgresql_resets(direct, keywords
     _reset_session(direct)
 
 
-def test_every_keyword_after_listen_discard_and_unlisten(direct, keywords):
+def test_every_keyword_after_listen_discard_and_unlisten(direct, keywords, base):
     for word in keywords:
         for verb in ("LISTEN", "UNLISTEN", "DISCARD"):
-            _check_session(direct, f"{verb} {word}")
+            _check_session(direct, base, f"{verb} {word}")
     _reset_session(direct)
 
 
@@ -236,7 +233,7 @@ _SPACING = st.sampled_from([" ", "  ", "\n", "\t", " /* c */ ", " -- c\n", "/**/
 @settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_random_spellings_of_the_classified_verbs(direct, keywords, data):
+def test_random_spellings_of_the_classified_verbs(direct, keywords, base, data):
     verb = data.draw(st.sampled_from(["PREPARE", "prepare", "Prepare", "EXECUTE",
                                       "DEALLOCATE", "SET", "set", "RESET", "DISCARD",
                                       "LISTEN"]))
@@ -248,4 +245,4 @@ def test_random_spellings_of_the_classified_verbs(direct, keywords, data):
     if verb.upper() in ("PREPARE", "EXECUTE", "DEALLOCATE"):
         _check_prepared(direct, text)
     else:
-        _check_session(direct, text)
+        _check_session(direct, base, text)
