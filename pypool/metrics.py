@@ -66,6 +66,7 @@ STATS_COUNTERS = {
     "total_sent": ("sent_bytes", 1, "Bytes sent to clients"),
     "total_wait_time": ("client_wait_seconds", 1e-6, "Seconds clients waited for a server"),
     "total_xact_count": ("sql_transactions_pooled", 1, "SQL transactions pooled"),
+    "total_client_login_count": ("client_logins", 1, "Clients logged in (PgBouncer 1.26)"),
     "total_xact_time": ("server_in_transaction_seconds", 1e-6,
                         "Seconds spent connected to PostgreSQL in a transaction"),
 }

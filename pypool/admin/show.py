@@ -131,7 +131,7 @@ def _database_totals(pools: Sequence[PoolInfo], view: PoolerView | None = None,
 
 _STAT_COLUMNS = ("server_assignment_count xact_count query_count {received} {sent} xact_time "
                  "query_time wait_time {parse}client_parse_count {parse}server_parse_count "
-                 "{parse}bind_count")
+                 "{parse}bind_count {parse}client_login_count")
 
 
 def show_stats(view: PoolerView) -> ResultSet:
@@ -141,25 +141,26 @@ def show_stats(view: PoolerView) -> ResultSet:
     avgs = _STAT_COLUMNS.format(received="recv", sent="sent", parse="")
     columns = ("database " + " ".join("total_" + c for c in totals.split()) + " "
                + " ".join("avg_" + c for c in avgs.split()))
-    return result("s" + "N" * 22, columns, rows)
+    return result("s" + "N" * 2 * len(st.COUNTERS), columns, rows)
 
 
 def show_stats_totals(view: PoolerView) -> ResultSet:
     rows = [(db, *_database_totals(pools, view, db)) for db, pools in _by_database(view)]
     columns = _STAT_COLUMNS.format(received="bytes_received", sent="bytes_sent", parse="")
-    return result("s" + "N" * 11, "database " + columns, rows)
+    return result("s" + "N" * len(st.COUNTERS), "database " + columns, rows)
 
 
 def show_stats_averages(view: PoolerView) -> ResultSet:
     rows = [(db, *view.averages(pools)) for db, pools in _by_database(view)]
     columns = _STAT_COLUMNS.format(received="bytes_received", sent="bytes_sent", parse="avg_")
-    return result("s" + "N" * 11, "database " + columns, rows)
+    return result("s" + "N" * len(st.COUNTERS), "database " + columns, rows)
 
 
 # SHOW TOTALS names rows after PgBouncer's PgStats fields, not after the SHOW STATS columns.
 _TOTALS_NAMES = ("server_assignment_count", "xact_count", "query_count", "client_bytes",
                  "server_bytes", "xact_time", "query_time", "wait_time",
-                 "ps_client_parse_count", "ps_server_parse_count", "ps_bind_count")
+                 "ps_client_parse_count", "ps_server_parse_count", "ps_bind_count",
+                 "client_login_count")
 
 
 def show_totals(view: PoolerView) -> ResultSet:

@@ -128,6 +128,8 @@ class PoolerState(Protocol):
     @property
     def console_queries(self) -> int: ...
     @property
+    def console_logins(self) -> int: ...
+    @property
     def tls(self) -> Any: ...  # net/tls.Tls: its `handshakes` counts
     # Also read, when present: `txlog`, observe/txlog.py's TxLog or None (off).
 
@@ -431,7 +433,9 @@ class PoolerView:
         """The console database's counters: each console query is a transaction and a
         query, as PgBouncer counts its admin pool; nothing else is counted there."""
         queries = self._pooler.console_queries
-        return tuple(queries if name in ("xact_count", "query_count") else 0
+        logins = self._pooler.console_logins
+        return tuple(queries if name in ("xact_count", "query_count")
+                     else logins if name == "client_login_count" else 0
                      for name in st.COUNTERS)
 
     def console_client_count(self) -> int:

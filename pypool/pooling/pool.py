@@ -55,6 +55,7 @@ class PoolStats:
     client_parse_count: int = 0
     server_parse_count: int = 0
     bind_count: int = 0
+    client_login_count: int = 0  # clients logged in to this pool (PgBouncer 1.26)
     # Transactions queued on a busy server behind another client's (net/pipeline.py).
     pipelined_count: int = 0
     # Session state (pooling/session_state.py): clients pinned to their server, statements

@@ -31,6 +31,7 @@ COUNTERS = (
     "client_parse_count",
     "server_parse_count",
     "bind_count",
+    "client_login_count",
 )
 Totals = tuple[int, ...]  # one value per COUNTERS entry
 ZERO: Totals = (0,) * len(COUNTERS)
@@ -38,7 +39,7 @@ ZERO: Totals = (0,) * len(COUNTERS)
 _ASSIGNMENTS, _XACTS, _QUERIES = 0, 1, 2
 _XACT_TIME, _QUERY_TIME, _WAIT_TIME = 5, 6, 7
 # Averaged as "per second"; the three times are averaged per event instead.
-_RATES = (0, 1, 2, 3, 4, 8, 9, 10)
+_RATES = (0, 1, 2, 3, 4, 8, 9, 10, 11)
 
 
 def totals(stats: Any) -> Totals:
@@ -106,11 +107,13 @@ class StatsPeriods:
 
 
 def stats_line(avg: Totals) -> str:
-    """PgBouncer 1.24's periodic log line, word for word, so existing greps keep working."""
+    """PgBouncer's periodic log line (1.26's, with client logins/s), word for word, so
+    existing greps keep working."""
     return (
         f"stats: {avg[1]} xacts/s, {avg[2]} queries/s, {avg[8]} client parses/s, "
-        f"{avg[9]} server parses/s, {avg[10]} binds/s, in {avg[3]} B/s, out {avg[4]} B/s, "
-        f"xact {avg[5]} us, query {avg[6]} us, wait {avg[7]} us"
+        f"{avg[9]} server parses/s, {avg[10]} binds/s, {avg[11]} client logins/s, "
+        f"in {avg[3]} B/s, out {avg[4]} B/s, xact {avg[5]} us, query {avg[6]} us, "
+        f"wait {avg[7]} us"
     )
 
 

@@ -57,7 +57,8 @@ _SOCKETS = _cols(
     "prepared_statements id",
 )
 _STAT_NAMES = ("server_assignment_count xact_count query_count {r} {s} xact_time query_time "
-               "wait_time {p}client_parse_count {p}server_parse_count {p}bind_count")
+               "wait_time {p}client_parse_count {p}server_parse_count {p}bind_count "
+               "{p}client_login_count")  # client_login_count: PgBouncer 1.26 (#1457)
 
 # Written from PgBouncer 1.24.1's src/admin.c and src/stats.c, not from pypool's code.
 EXPECTED_COLUMNS = {
@@ -68,18 +69,18 @@ EXPECTED_COLUMNS = {
         "maxwait maxwait_us pool_mode load_balance_hosts",
     ),
     "STATS": _cols(
-        "s" + "N" * 22,
+        "s" + "N" * 24,
         "database "
         + " ".join("total_" + n for n in _STAT_NAMES.format(r="received", s="sent", p="").split())
         + " "
         + " ".join("avg_" + n for n in _STAT_NAMES.format(r="recv", s="sent", p="").split()),
     ),
     "STATS_TOTALS": _cols(
-        "s" + "N" * 11,
+        "s" + "N" * 12,
         "database " + _STAT_NAMES.format(r="bytes_received", s="bytes_sent", p=""),
     ),
     "STATS_AVERAGES": _cols(
-        "s" + "N" * 11,
+        "s" + "N" * 12,
         "database " + _STAT_NAMES.format(r="bytes_received", s="bytes_sent", p="avg_"),
     ),
     "TOTALS": _cols("sN", "name value"),
@@ -122,7 +123,8 @@ def test_show_rows_that_name_things(bouncer: Pooler) -> None:
         totals = [r["name"] for r in show(admin, "TOTALS")]
         fields = ["server_assignment_count", "xact_count", "query_count", "client_bytes",
                   "server_bytes", "xact_time", "query_time", "wait_time",
-                  "ps_client_parse_count", "ps_server_parse_count", "ps_bind_count"]
+                  "ps_client_parse_count", "ps_server_parse_count", "ps_bind_count",
+                  "client_login_count"]
         assert totals == ["total_" + f for f in fields] + ["avg_" + f for f in fields]
         assert show(admin, "STATE") == [{"key": "active", "value": "yes"},
                                         {"key": "paused", "value": "no"},
@@ -252,6 +254,25 @@ def test_prepared_statements_are_counted(bouncer: Pooler) -> None:
         assert stats["total_client_parse_count"] == 2
         assert stats["total_server_parse_count"] == 2
         assert stats["total_bind_count"] == 2
+
+
+def test_client_logins_are_counted_and_failed_ones_are_not(bouncer: Pooler) -> None:
+    """PgBouncer 1.26's total_client_login_count: one per successful login, in its pool's
+    row; the console's own logins in the pgbouncer row and SHOW TOTALS."""
+    app(bouncer).close()  # the pool exists from its first login
+    with console(bouncer) as admin:
+        before = row(admin, "STATS", database="app")["total_client_login_count"]
+        assert before >= 1
+        for _ in range(3):
+            app(bouncer).close()
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(bouncer.dsn("app", APP_USER, "wrong password"), connect_timeout=5)
+        stats = row(admin, "STATS", database="app")
+        assert stats["total_client_login_count"] == before + 3
+        assert row(admin, "STATS_TOTALS", database="app")["client_login_count"] == before + 3
+        assert row(admin, "STATS", database="pgbouncer")["total_client_login_count"] >= 1
+        totals = {r["name"]: r["value"] for r in show(admin, "TOTALS")}
+        assert totals["total_client_login_count"] >= before + 4
 
 
 def test_bytes_are_counted(bouncer: Pooler) -> None:

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.timeout(60)
 
 STATS_LINE = re.compile(
     r"INFO stats: (\d+) xacts/s, (\d+) queries/s, \d+ client parses/s, \d+ server parses/s, "
-    r"\d+ binds/s, in \d+ B/s, out \d+ B/s, xact \d+ us, query \d+ us, wait \d+ us$"
+    r"\d+ binds/s, \d+ client logins/s, in \d+ B/s, out \d+ B/s, xact \d+ us, "
+    r"query \d+ us, wait \d+ us$"
 )
 LINE_START = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \d+ (DEBUG|INFO|WARNING|ERROR) ")
 

@@ -65,7 +65,7 @@ def test_stats_line_is_pgbouncers() -> None:
                     xact_time_us=300, query_time_us=40, wait_time_us=1)
     assert stats_line(avg) == (
         "stats: 5 xacts/s, 7 queries/s, 0 client parses/s, 0 server parses/s, 0 binds/s, "
-        "in 100 B/s, out 200 B/s, xact 300 us, query 40 us, wait 1 us"
+        "0 client logins/s, in 100 B/s, out 200 B/s, xact 300 us, query 40 us, wait 1 us"
     )
 
 
