@@ -37,6 +37,7 @@ HOT_MODULES = (
     "pypool.core.replies",
     "pypool.core.frontend",
     "pypool.core.states",
+    "pypool.core.link",
     "pypool.core.exchange",
     "pypool.core.client_login",
     # The login (connect-per-transaction pays it per transaction): SCRAM and its driver.

@@ -11,9 +11,10 @@ message types they see and act on what it returns; tests feed it byte sequences
   ledger, rewritten for prepared statements.
 - `replies`: the reply reader, a server's bytes after login: framed, forwarded, stopped at
   each ReadyForQuery and at each settled pooler-issued query.
-- `backend`: the backend ledger (the pooler's own queries in flight on a server) and
-  `after_ready`, what a client's ReadyForQuery means for its server.
+- `backend`: the backend ledger (the pooler's own queries in flight on a server).
 - `states`: the (state, event) -> state tables of a client and a server connection.
+- `link`: the life of a client's link to a server, one (state, event) -> (state, actions)
+  table, and what a client's ReadyForQuery means for its server (`ready_event`).
 - `exchange`: how a login exchange runs, a generator sent bytes that yields bytes (`advance`).
 - `client_login`: a client logging into the pooler: the startup packet, then the cleartext,
   md5 or SCRAM-SHA-256 password exchange (mock SCRAM for an unknown user).

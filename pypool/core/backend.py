@@ -1,5 +1,4 @@
-"""The backend ledger: what a server has been asked by the pooler itself, and what its
-ReadyForQuery means for the server's next owner.
+"""The backend ledger: what a server has been asked by the pooler itself.
 
 Theory of operation. Two kinds of requests reach a server. The linked client's are counted by
 its FrontendLedger (core/ledger.py). The pooler's own are hidden from every client: the reset
@@ -11,8 +10,8 @@ judged at that ReadyForQuery, so a failing connect_query is never taken for the 
 
 `hidden_message` returns what the connection must do, as a plain value: nothing yet, the check
 failed, the parameters are applied (the check passed and no SET was needed, or the SET
-succeeded), or the SET failed. `after_ready` turns a client's ReadyForQuery into the decision
-the pooler acts on: the server goes back to the pool, stays, or must be closed.
+succeeded), or the SET failed. What a client's ReadyForQuery means for its server is its
+link's (core/link.py `ready_event`).
 
 Never decides on a guess: a hidden reply is matched to its own query, and a server whose reply
 count is in doubt (`FrontendLedger.doubtful`) is closed, not handed on.
@@ -21,9 +20,6 @@ count is in doubt (`FrontendLedger.doubtful`) is closed, not handed on.
 from __future__ import annotations
 
 from typing import Final
-
-from ..protocol import messages as m
-from .ledger import FrontendLedger
 
 # What a pooler-issued query is for.
 HIDDEN_PLAIN: Final = 0  # reset query, connect_query: replies swallowed, errors logged
@@ -36,17 +32,6 @@ CHECK_FAILED: Final = 1  # server_check_query failed: the server must not serve 
 APPLIED: Final = 2  # the client's requests may go now (check passed, SET done or not needed)
 SET_FAILED: Final = 3  # the SET failed: the client must not run under the old values
 FAILED: Final = 4  # a HIDDEN_PLAIN query failed (logged; the server carries on)
-
-# What a client's ReadyForQuery means (after_ready).
-OWED: Final = 0  # the client is owed more replies: keep the link
-RELEASE: Final = 1  # transaction over, nothing owed: the server goes back to the pool
-SESSION_XACT: Final = 2  # session mode: a transaction ended, the link stays
-IN_TRANSACTION: Final = 3  # inside a transaction block: keep the link
-CLOSE_DOUBT: Final = 4  # the reply count may be wrong: close the server
-CLOSE_OPEN: Final = 5  # a transaction is open where none may be: close (rolls back)
-STATEMENT_REFUSED: Final = 6  # statement mode: a transaction block was opened: fail it
-CLOSE_DISAGREE: Final = 7  # the ledger owes nothing, the statement queue still waits: close
-
 
 class BackendLedger:
     """The pooler's own queries in flight on one server, and the wait they impose."""
@@ -105,29 +90,3 @@ class BackendLedger:
         self.error = None
         self.setting = []
         self.checking = False
-
-
-def after_ready(ledger: FrontendLedger, status: int, mode: str, client_gone: bool,
-                chained: bool, queued: int = 0) -> int:
-    """What a ReadyForQuery with `status`, forwarded to a client, means for its server.
-    `chained`: other clients are queued on the server behind it (net/pipeline.py).
-    `queued`: the requests still in the server's prepared-statement queue. The ledger and
-    that queue are fed from the same messages (core/frontend.py counts a request in both or
-    neither; `FrontendLedger.copy_started` strikes from both); should they ever disagree when
-    the ledger is owed nothing, the server is closed, never handed on with replies to come."""
-    if not ledger.ready():
-        return OWED
-    if ledger.doubtful:
-        return CLOSE_DOUBT
-    if queued and not chained:
-        return CLOSE_DISAGREE
-    if status == m.TX_IDLE:
-        return SESSION_XACT if mode == "session" else RELEASE
-    if client_gone or chained:
-        # A client that left inside a transaction (its replies were still to come behind a
-        # pipeline), or a pipelined transaction that did not end at its Sync: closing the
-        # server rolls the transaction back.
-        return CLOSE_OPEN
-    if mode == "statement":
-        return STATEMENT_REFUSED
-    return IN_TRANSACTION

@@ -6,7 +6,7 @@ or stops early, with the rest kept, when the connection must act before reading 
 
 - READY: a ReadyForQuery for the client went into `out` (`status` says its transaction
   status). The client's FrontendLedger then decides whether the server is released
-  (core/backend.py `after_ready`); what follows may belong to the next client of a pipeline
+  (core/link.py `ready_event`); what follows may belong to the next client of a pipeline
   line, so the caller writes `out` and acts before it calls `feed(b"")` to read on.
 - HIDDEN: a reply to one of the pooler's own queries settled it (`outcome`, one of
   core/backend.py's CHECK_FAILED, APPLIED, SET_FAILED).

@@ -13,6 +13,10 @@ Client states (one line each):
   ACTIVE    linked to a server (or queued on one behind another client: net/pipeline.py)
   CLOSED    gone; never reused
 
+After WELCOMED, IDLE, WAITING and ACTIVE are what the client's link shows (core/link.py, whose
+table is the one that moves a logged-in client between them): this table takes a client to
+IDLE, and out of any state to CLOSED.
+
 Server states:
   CONNECTING  TCP connect in progress
   LOGIN       StartupMessage sent; authenticating, collecting ParameterStatus/BackendKeyData
@@ -48,12 +52,8 @@ class ClientEvent:
     AUTH_REQUESTED: Final = 0  # the pooler asked for a password
     AUTHENTICATED: Final = 1  # the password checked out (or none was needed)
     WELCOMED: Final = 2  # AuthenticationOk ... ReadyForQuery sent
-    QUEUED: Final = 3  # needs a server and none is free
-    LINKED: Final = 4  # given a server (or a place in a server's line)
-    RELEASED: Final = 5  # its transaction is over; the server went back (or its check failed)
-    CLOSED: Final = 6  # the connection is gone, for whatever reason
-    NAMES: Final = ("AUTH_REQUESTED", "AUTHENTICATED", "WELCOMED", "QUEUED", "LINKED",
-                    "RELEASED", "CLOSED")
+    CLOSED: Final = 3  # the connection is gone, for whatever reason
+    NAMES: Final = ("AUTH_REQUESTED", "AUTHENTICATED", "WELCOMED", "CLOSED")
 
 
 class ServerState(Enum):
@@ -79,10 +79,6 @@ CLIENT_TRANSITIONS: dict[tuple[ClientState, int], ClientState] = {
     (ClientState.STARTUP, ClientEvent.AUTHENTICATED): ClientState.WELCOME,  # trust
     (ClientState.AUTH, ClientEvent.AUTHENTICATED): ClientState.WELCOME,
     (ClientState.WELCOME, ClientEvent.WELCOMED): ClientState.IDLE,
-    (ClientState.IDLE, ClientEvent.QUEUED): ClientState.WAITING,
-    (ClientState.IDLE, ClientEvent.LINKED): ClientState.ACTIVE,
-    (ClientState.WAITING, ClientEvent.LINKED): ClientState.ACTIVE,
-    (ClientState.ACTIVE, ClientEvent.RELEASED): ClientState.IDLE,
     **{(state, ClientEvent.CLOSED): ClientState.CLOSED
        for state in ClientState if state is not ClientState.CLOSED},
 }

@@ -56,6 +56,17 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
         self.state = client_transition(self.state, event)
         self.state_since = now or self.pooler.now()
 
+    def on_link(self, event: int, now: float = 0.0) -> int:
+        """Move its link (core/link.py) on `event`; return the actions the caller carries
+        out. What it shows as (IDLE, WAITING, ACTIVE) follows the link's state."""
+        link = self.link
+        actions = link.on(event)
+        shown: ClientState = link.state.shown  # type: ignore[attr-defined]
+        if shown is not self.state and shown is not ClientState.CLOSED:
+            self.state = shown
+            self.state_since = now or self.pooler.now()
+        return actions
+
     # --- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -150,6 +161,11 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
         login, self.login = self.login, None
         if login is not None:
             login.welcome(server_params, send)
+            if send and self.state is ClientState.IDLE:  # logged in: PgBouncer 1.26's count
+                if self.pool is not None:
+                    self.pool.stats.client_login_count += 1
+                elif self.admin is not None:
+                    self.pooler.console_logins += 1
 
     # --- the hot path: client to server (framing, counting, rewriting: core/frontend.py) ---
 

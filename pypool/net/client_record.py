@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..core.frontend import RequestReader
+from ..core.link import Link
 from ..core.states import ClientState
 from ..pooling.session_state import ClientSession
 from ..protocol import messages as m
@@ -44,6 +45,9 @@ class ClientRecord(ReadingSwitch):
         self.user = ""
         self.database = ""
         self.pool: Pool | None = None
+        # Its link to a server (core/link.py): the state that moves it between IDLE, WAITING
+        # and ACTIVE, and the server it holds (or whose line it is in), set with it.
+        self.link = Link()
         self.server: ServerConnection | None = None
         self.admin: ConsoleSession | None = None  # set when connected to the console
         # Tracked session parameters as this client should see them.
@@ -69,7 +73,6 @@ class ClientRecord(ReadingSwitch):
         self.reader = RequestReader(pooler.settings.pooler.max_packet_size)
         self.ledger = self.reader.ledger
         self.writing_paused = False  # our socket is above its high-water mark
-        self.close_after_release = False
         # What it sent while it had no server (net/outbox.py), its size, and the driver
         # segment in it with the end of its Bind (see relay's fast path).
         self.outbox: list[bytes] = []

@@ -13,8 +13,9 @@ At a link (`prepare_for`) the client's requests wait for the check's and the SET
 or `parameters_failed`. A SET that fails must not let the client's transaction run under
 settings it did not ask for.
 
-The bookkeeping lives in the BackendLedger and on the ServerConnection (`setting_for`);
-this module sends and settles. It never links or releases a server itself.
+The bookkeeping lives in the BackendLedger; whose requests wait is the linked client's
+(its link is SETTING, core/link.py). This module sends and settles. It never links or
+releases a server itself.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from ..core import backend as backend_ledger
 from ..core.backend import HIDDEN_CHECK, HIDDEN_PLAIN
+from ..core.link import LinkState
 from ..pooling.params import covers, set_statements
 from ..pooling.session_state import SESSION_SETTINGS
 from ..protocol import messages as m
@@ -51,7 +53,6 @@ def prepare_for(server: ServerConnection, client: ClientConnection, check_query:
     then a SET of the parameters whose values differ from the client's, and
     `session_sql`, which gives this server the client's other settings. The pooler is
     told how it went (parameters_applied, check_failed, parameters_failed)."""
-    server.setting_for = client
     if check_query:
         # `<empty>` (the default, as PgBouncer 1.25's): an empty Query, the cheapest there is.
         send_hidden_query(server, "" if check_query == EMPTY_QUERY else check_query,
@@ -74,7 +75,6 @@ def send_parameters(server: ServerConnection, client: ClientConnection,
     wanted = client.params
     params = server.params
     names = [name for name, value in wanted.items() if params.get(name) != value]
-    server.setting_for = client
     sql = set_statements(wanted, params).encode()
     if session_sql:
         names.append(SESSION_SETTINGS)  # so the SET is judged even with no name above
@@ -91,16 +91,16 @@ def send_parameters(server: ServerConnection, client: ClientConnection,
 
 def hidden_outcome(server: ServerConnection, outcome: int) -> None:
     """A pooler-issued query settled (core/backend.py says how)."""
-    client = server.setting_for
+    client = server.client
+    if client is not None and client.link.state is not LinkState.SETTING:
+        client = None  # it left meanwhile (or the query was none of a link's)
     backend = server.backend
     pooler = server.pooler
     if outcome == backend_ledger.CHECK_FAILED:
-        server.setting_for = None
         pooler.check_failed(server, client, backend.last_error.get("M", ""))
         return
-    server.setting_for = None
-    if client is None or client is not server.client:
-        return  # it left meanwhile
+    if client is None:
+        return
     if outcome == backend_ledger.SET_FAILED:
         pooler.parameters_failed(server, client, backend.last_error)
         return

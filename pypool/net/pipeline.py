@@ -72,7 +72,8 @@ import termios
 import time
 from typing import TYPE_CHECKING, Final
 
-from ..core.states import ClientEvent, ClientState
+from ..core.link import SEND, LinkEvent
+from ..core.states import ClientState
 from ..pooling.params import covers
 from ..pooling.prepared.guard import FAILED, PENDING, SKIPPED, Guard
 from ..pooling.session_state import sync_statements
@@ -250,10 +251,12 @@ def follow(server: ServerConnection, client: ClientConnection) -> bytes:
     last.reader.blocked = True  # what it sends from now on waits for a server of its own
     server.chain.append(client)
     client.server = server
-    client.on(ClientEvent.LINKED)
+    actions = client.on_link(LinkEvent.LINED_UP)
     server.pool.stats.pipelined_count += 1
     pooler = server.pooler
     wait_timeout = server.pool.limits.query_wait_timeout
+    if not actions & SEND:
+        return b""
     if not wait_timeout:
         return outbox.take_outbox(client, server)
     st = client.statements
@@ -350,6 +353,7 @@ def hand_on(pooler: Pooler, server: ServerConnection, now: float) -> None:
     """The head of the line is done: the next client in it is linked from now on."""
     client = server.chain.popleft()
     server.link(client)
+    client.on_link(LinkEvent.TURN)
     pool = server.pool
     if client.state is not ClientState.CLOSED:
         stats = pool.stats

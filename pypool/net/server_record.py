@@ -56,8 +56,6 @@ class ServerRecord(ReadingSwitch):
         # CancelRequests aimed at this server's backend not yet known to have landed: while
         # any is, the server is handed to no one (Pool.being_canceled).
         self.cancels_in_flight = 0
-        # The client whose requests wait for the check's and SET's replies (pooler.link).
-        self.setting_for: ClientConnection | None = None
         # Clients whose transactions are queued on this server behind the linked client's,
         # in order (net/pipeline.py); their replies follow its ReadyForQuery.
         self.chain: deque[ClientConnection] = deque()

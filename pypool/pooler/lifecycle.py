@@ -23,6 +23,7 @@ import signal
 from typing import TYPE_CHECKING
 
 from .. import compiled
+from ..core.link import LinkEvent
 from ..net.client import ClientConnection
 from ..net.socket_options import tune_listeners
 from ..net.unix_socket import open_unix_socket
@@ -238,8 +239,8 @@ def shutdown(pooler: Pooler, how: str) -> None:
         # Queued clients are told by the janitor's next sweep, idle ones when they ask for a
         # server (linking.request_server) or at the exit.
         for client in list(pooler.clients):
-            if client.server is not None:
-                client.close_after_release = True
+            if client.link.linked():
+                client.on_link(LinkEvent.SHUTDOWN)
     maybe_exit(pooler)
 
 

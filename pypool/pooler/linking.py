@@ -23,7 +23,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Final
 
-from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
+from ..core import link as lk
+from ..core.link import LinkEvent
+from ..core.states import ClientState, ServerEvent, ServerState
 from ..net import hidden_queries, outbox, pipeline
 from ..pooling.params import covers
 from ..pooling.session_state import sync_statements
@@ -64,7 +66,7 @@ def request_server(pooler: Pooler, client: ClientConnection) -> None:
             pooler.txlog.refused(client, failing.sqlstate)
         client.fail(failing)
         return
-    client.on(ClientEvent.QUEUED)
+    client.on_link(LinkEvent.QUEUED)
     client.wait_start = client.state_since
     client.wait_notified = False
     pool.enqueue(client)
@@ -90,7 +92,6 @@ def link(pooler: Pooler, client: ClientConnection, server: ServerConnection,
     pool.active.add(server)
     client.server = server
     server.link(client)
-    client.on(ClientEvent.LINKED, now)
     server.on(ServerEvent.LINKED)
     client.link_time = now
     server.request_time = now
@@ -109,7 +110,9 @@ def link(pooler: Pooler, client: ClientConnection, server: ServerConnection,
         if sync:
             pool.stats.session_synced += 1
             server.session_sets = session.on_server()
-    if check or sync or not covers(server.params, client.params):
+    setting = bool(check or sync) or not covers(server.params, client.params)
+    actions = client.on_link(LinkEvent.LINKED_TO_SET if setting else LinkEvent.LINKED, now)
+    if actions & lk.HOLD:
         # What the client sent waits for the check's and the SET's replies
         # (parameters_applied, check_failed, parameters_failed).
         client.reader.blocked = True
@@ -117,15 +120,18 @@ def link(pooler: Pooler, client: ClientConnection, server: ServerConnection,
         return
     if session is not None and session.pending:
         server.session_sets = session.on_server()
-    _send_outbox(pooler, client, server)
+    if actions & lk.SEND:
+        _send_outbox(pooler, client, server)
 
 
 def parameters_applied(pooler: Pooler, server: ServerConnection,
                        client: ClientConnection) -> None:
     """The check and SET sent at link time succeeded: the client's requests go now."""
+    actions = client.on_link(LinkEvent.APPLIED)
     client.reader.blocked = False
     client.check_failures = 0
-    _send_outbox(pooler, client, server)
+    if actions & lk.SEND:
+        _send_outbox(pooler, client, server)
     if not client.reader.blocked:
         outbox.carry_on(client)  # what it sent meanwhile
 
@@ -137,11 +143,15 @@ def check_failed(pooler: Pooler, server: ServerConnection, client: ClientConnect
     log.warning("%r: server_check_query failed: %s", server, why)
     server.pool.stats.count_error("server_check_failed")
     if client is not None and server.client is client:
-        server.link(None)
-        client.server = None
-        client.reader.blocked = False
-        client.on(ClientEvent.RELEASED)
-        server.close(f"server_check_query failed: {why}")
+        actions = client.on_link(LinkEvent.CHECK_FAILED)
+        if actions & lk.UNLINK:
+            server.link(None)
+            client.server = None
+            client.reader.blocked = False
+        if actions & lk.CLOSE_SERVER:
+            server.close(f"server_check_query failed: {why}")
+        if not actions & lk.ASK_AGAIN:
+            return
         client.check_failures += 1
         if client.check_failures >= CHECK_ATTEMPTS:
             # Every server fails it: say so rather than open servers without end.
@@ -180,8 +190,11 @@ def _send_outbox(pooler: Pooler, client: ClientConnection, server: ServerConnect
         server.send(data)
 
 
-def release(pooler: Pooler, client: ClientConnection, now: float = 0.0) -> None:
-    """The client's transaction ended and nothing is owed: its server goes back."""
+def release(pooler: Pooler, client: ClientConnection, now: float = 0.0,
+            then_close: bool = False) -> None:
+    """The client's transaction ended and nothing is owed (its link said RELEASE,
+    core/link.py): its server goes back. `then_close`: the link said CLOSE_CLIENT too (a
+    shutdown that waited for this transaction's end)."""
     server = client.server
     assert server is not None and client.pool is not None
     now = now or pooler.now()
@@ -204,9 +217,8 @@ def release(pooler: Pooler, client: ClientConnection, now: float = 0.0) -> None:
         return
     if client._reading_paused:
         client.resume_reading()
-    client.on(ClientEvent.RELEASED, now)
     _hand_back(pooler, server, now)
-    if client.close_after_release:  # SIGINT: its transaction is done, and so is it
+    if then_close:
         client.fail(errors.shutting_down())
     elif client.reader.blocked:
         outbox.resume_rewriting(client)  # what it sent meanwhile goes to its next server

@@ -34,6 +34,7 @@ from typing import Any, Final
 from ..auth.auth_file import load_auth_file
 from ..auth.md5 import is_md5_hash
 from ..auth.scram import ScramVerifier, is_scram_verifier
+from ..core.link import LinkEvent, LinkState
 from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
 from ..net import hidden_queries, pipeline
 from ..net.client import ClientConnection
@@ -146,6 +147,7 @@ class Pooler:
         self.suspended = False  # SUSPEND: paused_all too, shown as suspended (SHOW STATE)
         self.client_counts = ClientCounts()  # max_db/user_client_connections
         self.console_queries = 0  # the console's own xact_count and query_count (SHOW STATS)
+        self.console_logins = 0  # and its client_login_count
         self.hosts = HostChooser()  # host=a,b lists and load_balance_hosts
         self.paused_dbs: set[str] = set()
         self.disabled_dbs: set[str] = set()
@@ -473,7 +475,11 @@ class Pooler:
             self.txlog.client_closed(client, reason)  # mid-transaction, or while waiting
         if client.trace is not None:
             client.trace.client_gone(client)
+        # Whether its requests were waiting for a check or SET on its server (whose replies
+        # would be taken for the next client's), before its link ends.
+        setting = client.link.state is LinkState.SETTING
         client.on(ClientEvent.CLOSED)
+        client.on_link(LinkEvent.GONE)
         self.clients.discard(client)
         self.login_clients.discard(client)
         self.client_counts.forget(client)
@@ -501,7 +507,7 @@ class Pooler:
             # A check or SET the pooler sent for this client may still be answering: its
             # replies and ParameterStatus would be taken for the next client's.
             clean = (client.ledger.idle() and client.tx_status == m.TX_IDLE
-                     and server.setting_for is not client and not server.checking)
+                     and not setting and not server.checking)
             if clean and not server.statements.detach():
                 clean = False  # prepared-statement replies still owed: see release()
             why = "client disconnected with a transaction or query in progress"

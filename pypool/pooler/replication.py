@@ -34,6 +34,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
+from ..core.link import LinkEvent
 from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
 from ..net.replication_pipe import CLIENT, ReplicationPipe
 from ..net.socket_options import widen_for_streaming
@@ -224,7 +225,7 @@ def server_logged_in(pooler: Pooler, server: ServerConnection) -> None:
     client.write(b"".join((m.authentication(m.AUTH_OK), statuses,
                            m.backend_key_data(*client.cancel_key), m.ready_for_query())))
     client.on(ClientEvent.WELCOMED, now)
-    client.on(ClientEvent.LINKED, now)
+    client.on_link(LinkEvent.LINKED, now)
     client.link_time = now
     pool.stats.server_assignment_count += 1
     held = bytes(client.reader.partial)

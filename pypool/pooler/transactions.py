@@ -1,20 +1,21 @@
 """The end of a client's transaction: what each ReadyForQuery means for its server.
 
 Every ReadyForQuery a server forwards to its linked client comes here
-(`ready_for_query`, called by the server's Protocol through the Pooler). The client's
-FrontendLedger (core/ledger.py) says, through `core.backend.after_ready`, what it means:
-replies still owed (keep the server), the transaction over with nothing owed (RELEASE:
-linking.release gives the server back), a transaction in session or statement mode, or a
-ledger in doubt (close the server rather than hand it on).
+(`ready_for_query`, called by the server's Protocol through the Pooler). While the client's
+FrontendLedger (core/ledger.py) says replies are still owed, nothing changes. Once it is
+owed nothing, the ReadyForQuery is one event of the client's link (core/link.py
+`ready_event`: released, kept in a transaction block or in session mode, pinned by its
+session state, or a server to close), and this module carries out the actions the link's
+table gives for it.
 
-Session state (pooling/session_state.py) can overrule a RELEASE: a client that left
+Session state (pooling/session_state.py) is judged here first: a client that left
 something on its server that cannot follow it (a LISTEN, an advisory lock, a temp table)
 is pinned to that server, as in session mode, until that state is gone; it is told once
 with a NOTICE. The statements that change session state are seen on the way in
-(`session_changed`, from the client's relay) and judged here at the ReadyForQuery.
+(`session_changed`, from the client's relay).
 
-It owns no state: the ledger, the session record and the pool's counters hold it. Never
-release a server with replies owed, never hand on one whose ledger is in doubt.
+It owns no state: the ledger, the link, the session record and the pool's counters hold
+it. Never release a server with replies owed, never hand on one whose ledger is in doubt.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ..core import backend
-from ..core.states import ClientState
+from ..core import link
+from ..core.link import LinkEvent
 from ..pooling import session_state as ss
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
@@ -38,53 +39,55 @@ log = logging.getLogger("pypool.client")
 
 def ready_for_query(pooler: Pooler, client: ClientConnection, status: int) -> None:
     """A ReadyForQuery with transaction `status` was forwarded to `client`: release its
-    server, keep it, or close it, as the ledger and the session state say."""
+    server, keep it, or close it, as its link's table says (core/link.py)."""
     client.tx_status = status
     pool = client.pool
     assert pool is not None
     stats = pool.stats
     stats.query_count += 1
-    server = client.server
     ledger = client.ledger
-    verdict = backend.after_ready(ledger, status, pool.limits.pool_mode,
-                                  client.state is ClientState.CLOSED,
-                                  server is not None and bool(server.chain),
-                                  len(server.statements.queue) if server is not None else 0)
-    if verdict == backend.OWED:
-        return
-    if verdict == backend.CLOSE_DOUBT or verdict == backend.CLOSE_DISAGREE:
-        if server is not None:
-            # The count of replies owed may be wrong (core/ledger.py): never hand it on.
-            if verdict == backend.CLOSE_DOUBT:
-                server.close("reply bookkeeping in doubt after a failed COPY")
-            else:
-                log.error("%r: the client's ledger and %r's statement queue disagree "
-                          "(%d requests queued): closing the server", client, server,
-                          len(server.statements.queue))
-                server.close("reply bookkeeping in doubt: ledger and queue disagree")
-        return
+    if not ledger.ready():
+        return  # more replies are owed: the server stays, the link is unchanged
+    server = client.server
     session = client.session
     if session is None and ledger.errors and client.follows is not None:
         # Its first error: a record made now starts where one made at login would be.
         session = client.session_record()
+    pinned = False
     if session is not None and server is not None and (
             session.pending or session.pins or ledger.errors != session.errors_seen):
         session.ready(status, ledger.errors, server.session_sets)
-        if verdict == backend.RELEASE and session.pins:
-            verdict = backend.SESSION_XACT  # pinned: keeps its server, as in session mode
-            _pinned(client, session)
+        pinned = bool(session.pins)
+    queued = len(server.statements.queue) if server is not None else 0
+    event = link.ready_event(ledger, status, pool.limits.pool_mode, client.link,
+                             server is not None and bool(server.chain), queued, pinned)
     now = pooler.now()
-    stats.query_time_us += int((now - client.query_start) * 1e6)
-    client.state_since = now
-    if verdict == backend.RELEASE:
-        linking.release(pooler, client, now)
-    elif verdict == backend.SESSION_XACT:
+    actions = client.on_link(event, now)
+    if event != LinkEvent.READY_DOUBT:
+        stats.query_time_us += int((now - client.query_start) * 1e6)
+        client.state_since = now
+    if actions & link.RELEASE:
+        linking.release(pooler, client, now, bool(actions & link.CLOSE_CLIENT))
+    if actions & link.COUNT_XACT:
         stats.xact_count += 1
-    elif verdict == backend.CLOSE_OPEN:
-        assert server is not None
-        server.close("transaction still open where the pipeline expected none")
-    elif verdict == backend.STATEMENT_REFUSED:
+    if actions & link.NOTICE_PINNED and session is not None:
+        _pinned(client, session)
+    if actions & link.CLOSE_SERVER and server is not None:
+        server.close(_close_reason(client, event, queued))
+    if actions & link.REFUSE:
         client.fail(PoolerError("transaction blocks not allowed in statement pooling mode"))
+
+
+def _close_reason(client: ClientConnection, event: int, queued: int) -> str:
+    """Why a ReadyForQuery closes the client's server (READY_DOUBT, READY_OPEN)."""
+    if event == LinkEvent.READY_OPEN:
+        return "transaction still open where the pipeline expected none"
+    if client.ledger.doubtful:
+        # The count of replies owed may be wrong (core/ledger.py): never hand it on.
+        return "reply bookkeeping in doubt after a failed COPY"
+    log.error("%r: the client's ledger and its server's statement queue disagree "
+              "(%d requests queued): closing the server", client, queued)
+    return "reply bookkeeping in doubt: ledger and queue disagree"
 
 
 def session_changed(client: ClientConnection) -> None:

@@ -6,7 +6,7 @@ reply reader (core/replies.py) strikes the Syncs a COPY makes PostgreSQL ignore 
 in one call (`FrontendLedger.copy_started`). Here a client with named and unnamed
 statements, COPYs and failing statements runs against a model of PostgreSQL's message loop,
 its requests rewritten as the pooler rewrites them; at every ReadyForQuery the two must
-agree (`after_ready` never says CLOSE_DISAGREE or CLOSE_DOUBT), and after each exchange
+agree (`core.link.ready_event` never says READY_DOUBT), and after each exchange
 both are empty and the server was released exactly once.
 """
 
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from pypool.core import backend as bk
+from pypool.core import link as lk
 from pypool.core import replies
 from pypool.core.frontend import RequestReader
 from pypool.core.replies import ReplyReader
@@ -188,13 +188,14 @@ class Link:
         while True:
             self.replies.out.clear()
             if event == replies.READY:
-                verdict = bk.after_ready(self.ledger, self.replies.status, "transaction",
-                                         False, False, len(self.st.queue))
-                self.verdicts.append(verdict)
-                assert verdict not in (bk.CLOSE_DISAGREE, bk.CLOSE_DOUBT), (
-                    list(self.st.queue), self.ledger.owed, self.ledger.pending)
-                if verdict == bk.RELEASE:
-                    self.released += 1
+                if self.ledger.ready():
+                    verdict = lk.ready_event(self.ledger, self.replies.status, "transaction",
+                                             lk.Link(), False, len(self.st.queue))
+                    self.verdicts.append(verdict)
+                    assert verdict != lk.LinkEvent.READY_DOUBT, (
+                        list(self.st.queue), self.ledger.owed, self.ledger.pending)
+                    if verdict == lk.LinkEvent.READY_RELEASE:
+                        self.released += 1
             elif event != replies.HIDDEN:
                 break
             if not self.replies.more():
@@ -278,6 +279,7 @@ def test_a_queue_left_waiting_when_the_ledger_is_done_closes_the_server() -> Non
     link.client_sends(parse("s", "SELECT 1") + bind("s") + EXECUTE + SYNC)
     assert link.st.queue and link.ledger.pending == 1
     link.ledger.request(m.SYNC)  # a second Sync counted by the ledger alone
-    link.ledger.ready()
-    assert bk.after_ready(link.ledger, ord("I"), "transaction", False, False,
-                          len(link.st.queue)) == bk.CLOSE_DISAGREE
+    assert not link.ledger.ready()  # the ReadyForQuery of the first Sync
+    assert link.ledger.ready()  # of the second: owed nothing more
+    assert lk.ready_event(link.ledger, ord("I"), "transaction", lk.Link(), False,
+                          len(link.st.queue)) == lk.LinkEvent.READY_DOUBT

@@ -201,38 +201,3 @@ def test_a_check_alone_settles_at_its_own_ready_for_query() -> None:
     assert stops == [(replies.HIDDEN, bk.APPLIED)]
     assert r.backend.applied == []
 
-
-# --- what a client's ReadyForQuery means -----------------------------------------------------
-
-
-def owing(*kinds: int) -> FrontendLedger:
-    ledger = FrontendLedger()
-    for kind in kinds:
-        ledger.request(kind)
-    return ledger
-
-
-@pytest.mark.parametrize(("status", "mode", "gone", "chained", "verdict"), [
-    (m.TX_IDLE, "transaction", False, False, bk.RELEASE),
-    (m.TX_IDLE, "statement", False, False, bk.RELEASE),
-    (m.TX_IDLE, "session", False, False, bk.SESSION_XACT),
-    (ord("T"), "transaction", False, False, bk.IN_TRANSACTION),
-    (ord("T"), "session", False, False, bk.IN_TRANSACTION),
-    (ord("T"), "statement", False, False, bk.STATEMENT_REFUSED),
-    (ord("T"), "transaction", True, False, bk.CLOSE_OPEN),
-    (ord("E"), "transaction", False, True, bk.CLOSE_OPEN),
-])
-def test_after_ready(status: int, mode: str, gone: bool, chained: bool, verdict: int) -> None:
-    assert bk.after_ready(owing(m.QUERY), status, mode, gone, chained) == verdict
-
-
-def test_after_ready_keeps_a_server_while_more_is_owed() -> None:
-    ledger = owing(m.QUERY, m.QUERY)
-    assert bk.after_ready(ledger, m.TX_IDLE, "transaction", False, False) == bk.OWED
-    assert bk.after_ready(ledger, m.TX_IDLE, "transaction", False, False) == bk.RELEASE
-
-
-def test_after_ready_closes_on_a_ready_for_query_nobody_asked_for() -> None:
-    ledger = owing(m.QUERY)
-    ledger.ready()
-    assert bk.after_ready(ledger, m.TX_IDLE, "transaction", False, False) == bk.CLOSE_DOUBT

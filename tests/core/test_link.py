@@ -1,0 +1,174 @@
+"""The link's table (core/link.py): every transition, every illegal pair, the ReadyForQuery
+verdict, and the diagram in docs/link.md made from the table."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+
+from pypool.core import link as lk
+from pypool.core.ledger import FrontendLedger
+from pypool.core.link import LINK_TABLE, Link, LinkEvent, LinkState, ready_event
+from pypool.core.states import ClientState, IllegalTransition
+from pypool.protocol import messages as m
+
+pytestmark = pytest.mark.timeout(30)
+
+ROOT = Path(__file__).resolve().parents[2]
+EVENTS = range(len(LinkEvent.NAMES))
+
+
+def at(state: LinkState) -> Link:
+    link = Link()
+    link.state = state
+    return link
+
+
+@pytest.mark.parametrize(("state", "event"), list(itertools.product(LinkState, EVENTS)),
+                         ids=lambda x: x.name if isinstance(x, LinkState) else LinkEvent.NAMES[x])
+def test_every_pair_moves_as_the_table_says_or_raises(state: LinkState, event: int) -> None:
+    link = at(state)
+    if (state, event) in LINK_TABLE:
+        target, actions = LINK_TABLE[state, event]
+        assert link.on(event) == actions
+        assert link.state is target
+    else:
+        with pytest.raises(IllegalTransition, match=f"{state.name} on {LinkEvent.NAMES[event]}"):
+            link.on(event)
+        assert link.state is state  # an illegal event changes nothing
+
+
+def test_a_transaction_that_waits_for_a_server_and_its_set() -> None:
+    link = Link()
+    assert link.on(LinkEvent.QUEUED) == 0 and link.state is LinkState.WAITING
+    assert link.on(LinkEvent.LINKED_TO_SET) == lk.HOLD and link.state is LinkState.SETTING
+    assert link.on(LinkEvent.APPLIED) == lk.SEND and link.state is LinkState.ACTIVE
+    assert link.on(LinkEvent.READY_IN_TRANSACTION) == 0 and link.state is LinkState.ACTIVE
+    assert link.on(LinkEvent.READY_RELEASE) == lk.RELEASE and link.state is LinkState.IDLE
+
+
+def test_a_failed_check_unlinks_closes_that_server_and_asks_again() -> None:
+    link = at(LinkState.SETTING)
+    actions = link.on(LinkEvent.CHECK_FAILED)
+    assert lk.action_names(actions) == ["UNLINK", "CLOSE_SERVER", "ASK_AGAIN"]
+    assert link.state is LinkState.IDLE
+
+
+def test_a_release_after_shutdown_also_ends_the_client() -> None:
+    link = at(LinkState.ACTIVE)
+    assert link.on(LinkEvent.SHUTDOWN) == lk.MARK_LAST and link.last
+    ledger = FrontendLedger()
+    ledger.request(m.QUERY)
+    assert ledger.ready()
+    event = ready_event(ledger, m.TX_IDLE, "transaction", link, False)
+    assert event == LinkEvent.READY_RELEASE_LAST
+    assert link.on(event) == lk.RELEASE | lk.CLOSE_CLIENT
+
+
+def test_shutdown_of_an_idle_client_is_not_a_link_event() -> None:
+    # An idle client holds no transaction: the shutdown ends it at once, not at a release.
+    with pytest.raises(IllegalTransition):
+        Link().on(LinkEvent.SHUTDOWN)
+
+
+def test_a_client_in_a_line_owns_the_server_at_its_turn() -> None:
+    link = at(LinkState.WAITING)
+    assert link.on(LinkEvent.LINED_UP) == lk.SEND and link.state is LinkState.IN_LINE
+    with pytest.raises(IllegalTransition):
+        link.on(LinkEvent.READY_RELEASE)  # its replies come only after its turn
+    assert link.on(LinkEvent.TURN) == 0 and link.state is LinkState.ACTIVE
+
+
+def test_a_client_gone_in_a_line_is_still_judged_at_its_ready_for_query() -> None:
+    link = at(LinkState.IN_LINE)
+    link.on(LinkEvent.GONE)
+    assert link.on(LinkEvent.TURN) == 0
+    assert link.on(LinkEvent.READY_RELEASE) == lk.RELEASE  # the line moves on
+    assert link.state is LinkState.CLOSED
+    with pytest.raises(IllegalTransition):
+        link.on(LinkEvent.QUEUED)
+
+
+def test_closed_is_final_and_every_other_state_can_end() -> None:
+    for state in LinkState:
+        if state is LinkState.CLOSED:
+            assert all(LINK_TABLE[state, e][0] is LinkState.CLOSED
+                       for e in EVENTS if (state, e) in LINK_TABLE)
+        else:
+            assert LINK_TABLE[state, LinkEvent.GONE] == (LinkState.CLOSED, 0)
+
+
+def test_every_state_and_event_is_used_and_each_shows_as_a_client_state() -> None:
+    assert {s for s, _ in LINK_TABLE} | {t for t, _ in LINK_TABLE.values()} == set(LinkState)
+    assert {e for _, e in LINK_TABLE} == set(EVENTS)
+    shown = {state: state.shown for state in LinkState}  # type: ignore[attr-defined]
+    assert shown[LinkState.IDLE] is ClientState.IDLE
+    assert shown[LinkState.WAITING] is ClientState.WAITING
+    assert {shown[s] for s in (LinkState.SETTING, LinkState.ACTIVE, LinkState.IN_LINE)} == {
+        ClientState.ACTIVE}
+
+
+# --- what a ReadyForQuery that leaves the client owed nothing means --------------------------
+
+
+def owed_nothing() -> FrontendLedger:
+    ledger = FrontendLedger()
+    ledger.request(m.QUERY)
+    assert ledger.ready()
+    return ledger
+
+
+T, E_ = ord("T"), ord("E")
+
+
+@pytest.mark.parametrize(("status", "mode", "state", "chained", "pinned", "event"), [
+    (m.TX_IDLE, "transaction", LinkState.ACTIVE, False, False, LinkEvent.READY_RELEASE),
+    (m.TX_IDLE, "statement", LinkState.ACTIVE, False, False, LinkEvent.READY_RELEASE),
+    (m.TX_IDLE, "session", LinkState.ACTIVE, False, False, LinkEvent.READY_SESSION),
+    (m.TX_IDLE, "transaction", LinkState.ACTIVE, False, True, LinkEvent.READY_PINNED),
+    (m.TX_IDLE, "transaction", LinkState.CLOSED, False, True, LinkEvent.READY_RELEASE),
+    (T, "transaction", LinkState.ACTIVE, False, False, LinkEvent.READY_IN_TRANSACTION),
+    (T, "session", LinkState.ACTIVE, False, False, LinkEvent.READY_IN_TRANSACTION),
+    (T, "statement", LinkState.ACTIVE, False, False, LinkEvent.READY_REFUSED),
+    (T, "transaction", LinkState.CLOSED, False, False, LinkEvent.READY_OPEN),
+    (E_, "transaction", LinkState.ACTIVE, True, False, LinkEvent.READY_OPEN),
+])
+def test_ready_event(status: int, mode: str, state: LinkState, chained: bool, pinned: bool,
+                     event: int) -> None:
+    link = at(state)
+    assert ready_event(owed_nothing(), status, mode, link, chained, 0, pinned) == event
+    link.on(event)  # and the table takes it from that state
+
+
+def test_a_doubtful_ledger_or_a_queue_left_waiting_closes_the_server() -> None:
+    ledger = owed_nothing()
+    assert ready_event(ledger, m.TX_IDLE, "transaction", Link(), False, 1) == (
+        LinkEvent.READY_DOUBT)
+    ledger.doubtful = True
+    assert ready_event(ledger, m.TX_IDLE, "transaction", Link(), False) == LinkEvent.READY_DOUBT
+    assert at(LinkState.ACTIVE).on(LinkEvent.READY_DOUBT) == lk.CLOSE_SERVER
+
+
+# --- the diagram and the one place that moves a link ---------------------------------------
+
+
+def test_the_diagram_in_docs_is_the_table() -> None:
+    doc = (ROOT / "docs" / "link.md").read_text()
+    block = re.search(r"```mermaid\n(.*?)```", doc, re.S)
+    assert block is not None
+    assert block.group(1) == lk.diagram()
+
+
+def test_no_link_state_is_written_outside_the_table() -> None:
+    offenders = []
+    for path in (ROOT / "pypool").rglob("*.py"):
+        if path.name == "link.py" and path.parent.name == "core":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\blink\.(state|last)\s*=(?!=)|close_after_release|setting_for",
+                         line):
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert offenders == []
