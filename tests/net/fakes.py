@@ -1,0 +1,294 @@
+"""A Pooler over fake sockets: the unit tests' stand-in for the network and PostgreSQL.
+
+The Pooler and its ClientConnection and ServerConnection objects are the real ones; only
+what touches the operating system is replaced:
+- every transport is a `FakeTransport`, which records what is written to it and whether
+  reading is paused, resumed or the transport closed;
+- the clock (`Pooler.now`) is a `FakeClock` the test moves by hand;
+- coroutines the pooler would run (connecting a server, sending a cancel) are kept in
+  `FakePooler.spawned` instead of being run; a server the pool opens waits in its pool's
+  `login` set until the test connects it (`open_servers`), as if PostgreSQL answered;
+- the event loop exists (the Pooler asks for one) but never runs on its own: callbacks the
+  pooler schedules with call_soon (deferred writes, net/deferred_writes.py) run when the
+  test calls `run_callbacks`.
+
+Tests drive the connections as the network would: bytes to `data_received`, then read what
+each transport received. They assert what a peer or an operator would see (bytes on the
+wire, the connections' states, the pool's lists and counters, SQLSTATEs), not the flags the
+link is kept in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Iterator
+from typing import Any
+
+from pypool.core.states import ServerState
+from pypool.net.client import ClientConnection
+from pypool.net.server import ServerConnection
+from pypool.pooler import Pooler
+from pypool.pooling.pool import Pool
+from pypool.protocol import messages as m
+from pypool.settings import DatabaseEntry, PoolerSettings, Settings, UserEntry
+
+USER, PASSWORD, DATABASE = "app", "app-secret", "app"
+# What a fresh PostgreSQL reports at login (a pool's server_params come from its first server).
+SERVER_PARAMS = {"client_encoding": "UTF8", "DateStyle": "ISO, MDY", "TimeZone": "UTC",
+                 "integer_datetimes": "on", "server_version": "17.0",
+                 "standard_conforming_strings": "on"}
+
+
+def split(data: bytes) -> list[tuple[str, bytes]]:
+    """Backend or frontend messages (after the startup packet) as (type letter, body)."""
+    out, pos = [], 0
+    while pos < len(data):
+        length = int.from_bytes(data[pos + 1:pos + 5], "big")
+        out.append((chr(data[pos]), bytes(data[pos + 5:pos + 1 + length])))
+        pos += 1 + length
+    assert pos == len(data), "a message cut short"
+    return out
+
+
+def kinds(data: bytes) -> str:
+    """The type letters of the messages in `data`, in order ("CZ": CommandComplete,
+    ReadyForQuery)."""
+    return "".join(kind for kind, _ in split(data))
+
+
+def errors_in(data: bytes) -> list[dict[str, str]]:
+    """The fields (S, C, M, ...) of each ErrorResponse in `data`."""
+    return [m.parse_error_fields(body) for kind, body in split(data) if kind == "E"]
+
+
+def query_texts(data: bytes) -> list[str]:
+    """The SQL of each simple Query in `data`."""
+    return [m.parse_query_text(body) for kind, body in split(data) if kind == "Q"]
+
+
+class FakeTransport:
+    """An asyncio transport that records: bytes written, reading paused or not, closed."""
+
+    def __init__(self, peername: tuple[str, int] | None = None) -> None:
+        self.written = bytearray()
+        self.reading = True
+        self.pauses = 0
+        self.closed = False
+        self.peername = peername
+
+    # --- what the pooler calls --------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed, "written after close"
+        self.written += data
+
+    def writelines(self, pieces: Any) -> None:
+        for piece in pieces:
+            self.write(piece)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        self.reading = False
+        self.pauses += 1
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.peername if name == "peername" else default
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    # --- what the test reads ----------------------------------------------------------
+
+    def take(self) -> bytes:
+        """Everything written since the last take."""
+        data = bytes(self.written)
+        self.written.clear()
+        return data
+
+
+class FakeClock:
+    """`Pooler.now`: time stands still until the test moves it."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.time = start
+
+    def __call__(self) -> float:
+        return self.time
+
+    def advance(self, seconds: float) -> None:
+        self.time += seconds
+
+
+class Client:
+    """A client connection and its socket, seen from the application's side."""
+
+    def __init__(self, conn: ClientConnection, transport: FakeTransport) -> None:
+        self.conn = conn
+        self.transport = transport
+
+    def send(self, *chunks: bytes) -> None:
+        for chunk in chunks:
+            self.conn.data_received(chunk)
+
+    def take(self) -> bytes:
+        return self.transport.take()
+
+    @property
+    def state(self) -> Any:
+        return self.conn.state
+
+
+class Server:
+    """A server connection and its socket, seen from PostgreSQL's side."""
+
+    def __init__(self, conn: ServerConnection, transport: FakeTransport) -> None:
+        self.conn = conn
+        self.transport = transport
+
+    def send(self, *chunks: bytes) -> None:
+        for chunk in chunks:
+            self.conn.data_received(chunk)
+
+    def take(self) -> bytes:
+        return self.transport.take()
+
+    def lose(self) -> None:
+        """The connection to PostgreSQL breaks (the backend died)."""
+        self.transport.closed = True
+        self.conn.connection_lost(ConnectionResetError())
+
+    @property
+    def state(self) -> Any:
+        return self.conn.state
+
+
+class FakePooler:
+    """A real Pooler whose sockets, clock and tasks are fakes (see the module docstring)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.pooler = self.loop.run_until_complete(self._make(settings))
+        self.clock = FakeClock()
+        self.pooler.now = self.clock
+        self.spawned: list[Coroutine[Any, Any, None]] = []
+        self.pooler.spawn = self.spawned.append  # type: ignore[method-assign]
+        self._peer_port = 40000
+
+    @staticmethod
+    async def _make(settings: Settings) -> Pooler:
+        return Pooler(settings)  # it asks for the running loop
+
+    def close(self) -> None:
+        for coro in self.spawned:
+            coro.close()
+        self.loop.close()
+
+    # --- the pieces ---------------------------------------------------------------------
+
+    def pool(self, database: str = DATABASE, user: str = USER) -> Pool:
+        return self.pooler.pools[(database, user)]
+
+    def run_callbacks(self) -> None:
+        """Run what the pooler scheduled with call_soon (one round of the loop)."""
+        self.loop.run_until_complete(asyncio.sleep(0))
+
+    def connect(self, user: str = USER, database: str = DATABASE, **params: str) -> Client:
+        """A client that connects and sends its StartupMessage. Welcomed at once when its
+        pool knows its server parameters, else once a server has logged in; its socket is
+        emptied of the welcome when that has come."""
+        self._peer_port += 1
+        transport = FakeTransport(("10.0.0.7", self._peer_port))
+        conn = ClientConnection(self.pooler)
+        conn.connection_made(transport)
+        conn.data_received(m.startup_message({"user": user, "database": database, **params}))
+        client = Client(conn, transport)
+        if kinds(transport.written).endswith("Z"):
+            transport.take()
+        return client
+
+    def opening(self) -> list[ServerConnection]:
+        """Servers the pools have opened that have no socket yet."""
+        return [server for pool in self.pooler.pools.values() for server in pool.login
+                if server.transport is None]
+
+    def open_servers(self, **params: str) -> list[Server]:
+        """Connect and log in every server the pools are opening, as PostgreSQL would: trust,
+        its parameters (SERVER_PARAMS, overridden by `params`), a BackendKeyData, 'I'."""
+        out = []
+        for conn in self.opening():
+            out.append(self.log_in(conn, **params))
+        return out
+
+    def log_in(self, conn: ServerConnection, **params: str) -> Server:
+        transport = FakeTransport()
+        conn.connection_made(transport)
+        assert transport.take()[4:8] == b"\x00\x03\x00\x00", "a StartupMessage first"
+        reported = {**SERVER_PARAMS, **params}
+        conn.data_received(b"".join(
+            [m.authentication(m.AUTH_OK)]
+            + [m.parameter_status(name, value) for name, value in reported.items()]
+            + [m.backend_key_data(4000 + conn.id, 777), m.ready_for_query()]))
+        return Server(conn, transport)
+
+    def client_with_server(self, **params: str) -> tuple[Client, Server]:
+        """A client welcomed into a pool whose only server has logged in and sits idle."""
+        client = self.connect(**params)
+        (server,) = self.open_servers()
+        client.take()
+        assert server.state is ServerState.IDLE
+        return client, server
+
+
+def make_settings(databases: dict[str, DatabaseEntry] | None = None,
+                  users: dict[str, UserEntry] | None = None, **keys: Any) -> Settings:
+    """Settings as the ini would give them: transaction mode, trust, no TLS to servers, no
+    server_check_query, pool_size 1 unless `keys` say otherwise."""
+    base: dict[str, Any] = {"pool_mode": "transaction", "auth_type": "trust",
+                            "default_pool_size": 1, "server_tls_sslmode": "disable",
+                            "server_check_query": "", "log_connections": False,
+                            "log_disconnections": False}
+    base.update(keys)
+    return Settings(pooler=PoolerSettings(**base),
+                    databases=databases or {DATABASE: DatabaseEntry(name=DATABASE)},
+                    users=users or {}, inline_users={USER: PASSWORD, "other": PASSWORD})
+
+
+def fake_pooler_factory() -> Iterator[Any]:
+    """The body of the `fake_pooler` fixture: make FakePoolers, close them afterwards."""
+    made: list[FakePooler] = []
+
+    def make(databases: dict[str, DatabaseEntry] | None = None,
+             users: dict[str, UserEntry] | None = None, **keys: Any) -> FakePooler:
+        fake = FakePooler(make_settings(databases, users, **keys))
+        made.append(fake)
+        return fake
+
+    yield make
+    for fake in made:
+        fake.close()
+
+
+# --- what PostgreSQL sends -------------------------------------------------------------
+
+
+def select_one(status: int = m.TX_IDLE) -> bytes:
+    """The replies to `SELECT 1` as one simple Query: a row, its tag, ReadyForQuery."""
+    return (m.row_description([("x", 23)]) + m.data_row(["1"]) + m.command_complete("SELECT 1")
+            + m.ready_for_query(status))
+
+
+def command(tag: str, status: int = m.TX_IDLE) -> bytes:
+    """A command's tag and the ReadyForQuery after it."""
+    return m.command_complete(tag) + m.ready_for_query(status)
+
+
+def server_error(text: str, sqlstate: str, status: int = m.TX_IDLE) -> bytes:
+    return m.error_response(text, sqlstate) + m.ready_for_query(status)
