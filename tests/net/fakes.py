@@ -133,13 +133,28 @@ class Client:
     def __init__(self, conn: ClientConnection, transport: FakeTransport) -> None:
         self.conn = conn
         self.transport = transport
+        self.welcome = b""  # what the login sent, AuthenticationOk to ReadyForQuery
+        self.cancel_key = (0, 0)  # from the welcome's BackendKeyData
 
     def send(self, *chunks: bytes) -> None:
         for chunk in chunks:
             self.conn.data_received(chunk)
 
     def take(self) -> bytes:
-        return self.transport.take()
+        """What the client received since the last take (the welcome kept apart, once)."""
+        data = self.transport.take()
+        if not self.welcome and data[:1] == b"R" and m.ready_for_query() in data:
+            welcome_end = data.index(m.ready_for_query()) + 6
+            self.welcome, data = data[:welcome_end], data[welcome_end:]
+            for kind, body in split(self.welcome):
+                if kind == "K":
+                    self.cancel_key = m.parse_backend_key_data(body)
+        return data
+
+    def leave(self) -> None:
+        """The client's socket breaks (no Terminate)."""
+        self.transport.closed = True
+        self.conn.connection_lost(ConnectionResetError())
 
     @property
     def state(self) -> Any:
@@ -164,6 +179,14 @@ class Server:
         """The connection to PostgreSQL breaks (the backend died)."""
         self.transport.closed = True
         self.conn.connection_lost(ConnectionResetError())
+
+    def closed(self) -> bytes:
+        """The pooler closed this server: what it wrote last (a Terminate, if anything);
+        asyncio's connection_lost is delivered, as it would be once the socket is shut."""
+        assert self.transport.closed, "the pooler has not closed it"
+        last = self.take()
+        self.conn.connection_lost(None)
+        return last
 
     @property
     def state(self) -> Any:
@@ -210,8 +233,7 @@ class FakePooler:
         conn.connection_made(transport)
         conn.data_received(m.startup_message({"user": user, "database": database, **params}))
         client = Client(conn, transport)
-        if kinds(transport.written).endswith("Z"):
-            transport.take()
+        client.take()  # the welcome, if it came
         return client
 
     def opening(self) -> list[ServerConnection]:
@@ -242,7 +264,7 @@ class FakePooler:
         """A client welcomed into a pool whose only server has logged in and sits idle."""
         client = self.connect(**params)
         (server,) = self.open_servers()
-        client.take()
+        assert client.take() == b"" and client.welcome, "welcomed, nothing more"
         assert server.state is ServerState.IDLE
         return client, server
 
