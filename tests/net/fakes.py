@@ -5,9 +5,10 @@ what touches the operating system is replaced:
 - every transport is a `FakeTransport`, which records what is written to it and whether
   reading is paused, resumed or the transport closed;
 - the clock (`Pooler.now`) is a `FakeClock` the test moves by hand;
-- coroutines the pooler would run (connecting a server, sending a cancel) are kept in
-  `FakePooler.spawned` instead of being run; a server the pool opens waits in its pool's
-  `login` set until the test connects it (`open_servers`), as if PostgreSQL answered;
+- coroutines the pooler would run (sending a cancel, ...) are kept in `FakePooler.spawned`
+  instead of being run; a server's connect is dropped: the server the pool opens waits in
+  its pool's `login` set until the test connects it (`open_servers`), as if PostgreSQL
+  answered;
 - the event loop exists (the Pooler asks for one) but never runs on its own: callbacks the
   pooler schedules with call_soon (deferred writes, net/deferred_writes.py) run when the
   test calls `run_callbacks`.
@@ -164,9 +165,11 @@ class Client:
 class Server:
     """A server connection and its socket, seen from PostgreSQL's side."""
 
-    def __init__(self, conn: ServerConnection, transport: FakeTransport) -> None:
+    def __init__(self, conn: ServerConnection, transport: FakeTransport,
+                 backend_key: tuple[int, int] = (0, 0)) -> None:
         self.conn = conn
         self.transport = transport
+        self.backend_key = backend_key  # the BackendKeyData it sent at login
 
     def send(self, *chunks: bytes) -> None:
         for chunk in chunks:
@@ -202,8 +205,16 @@ class FakePooler:
         self.clock = FakeClock()
         self.pooler.now = self.clock
         self.spawned: list[Coroutine[Any, Any, None]] = []
-        self.pooler.spawn = self.spawned.append  # type: ignore[method-assign]
+        self.pooler.spawn = self._spawn  # type: ignore[method-assign]
         self._peer_port = 40000
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Keep what the pooler would run as a task, but a server's connect: the test
+        connects servers itself (`open_servers`), so that one is dropped at once."""
+        if coro.cr_code.co_name == "_connect":
+            coro.close()
+        else:
+            self.spawned.append(coro)
 
     @staticmethod
     async def _make(settings: Settings) -> Pooler:
@@ -236,6 +247,15 @@ class FakePooler:
         client.take()  # the welcome, if it came
         return client
 
+    def cancel(self, key: tuple[int, int]) -> FakeTransport:
+        """A connection that sends a CancelRequest with `key` (what the pooler closes)."""
+        self._peer_port += 1
+        transport = FakeTransport(("10.0.0.7", self._peer_port))
+        conn = ClientConnection(self.pooler)
+        conn.connection_made(transport)
+        conn.data_received(m.cancel_request(*key))
+        return transport
+
     def opening(self) -> list[ServerConnection]:
         """Servers the pools have opened that have no socket yet."""
         return [server for pool in self.pooler.pools.values() for server in pool.login
@@ -254,11 +274,12 @@ class FakePooler:
         conn.connection_made(transport)
         assert transport.take()[4:8] == b"\x00\x03\x00\x00", "a StartupMessage first"
         reported = {**SERVER_PARAMS, **params}
+        key = (4000 + conn.id, 777 + conn.id)
         conn.data_received(b"".join(
             [m.authentication(m.AUTH_OK)]
             + [m.parameter_status(name, value) for name, value in reported.items()]
-            + [m.backend_key_data(4000 + conn.id, 777), m.ready_for_query()]))
-        return Server(conn, transport)
+            + [m.backend_key_data(*key), m.ready_for_query()]))
+        return Server(conn, transport, key)
 
     def client_with_server(self, **params: str) -> tuple[Client, Server]:
         """A client welcomed into a pool whose only server has logged in and sits idle."""
