@@ -1,0 +1,115 @@
+"""net/pipeline.py: waiting clients' transactions queued on a busy server, with
+pipeline_depth > 0, over fake transports (tests/net/fakes.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pypool.core.states import ClientState, ServerState
+from pypool.protocol import messages as m
+from tests.net.fakes import Client, FakePooler, Server, command, query_texts, select_one
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def lined(net: FakePooler, followers: int) -> tuple[Client, list[Client], Server]:
+    """A client running a one-statement transaction on the only server, and `followers`
+    clients that send theirs meanwhile."""
+    head, server = net.client_with_server()
+    others = [net.connect() for _ in range(followers)]
+    head.send(m.query("SELECT 0"))
+    for number, other in enumerate(others, 1):
+        other.send(m.query(f"SELECT {number}"))
+    net.run_callbacks()  # the end of the loop's round: deferred writes go out
+    return head, others, server
+
+
+def reply(value: str) -> bytes:
+    return (m.row_description([("x", 23)]) + m.data_row([value]) + m.command_complete("SELECT 1")
+            + m.ready_for_query())
+
+
+def test_a_waiting_clients_query_is_written_behind_the_running_one(fake_pooler: Any) -> None:
+    net = fake_pooler(pipeline_depth=4, query_wait_timeout=0)
+    head, (follower,), server = lined(net, 1)
+    assert query_texts(server.take()) == ["SELECT 0", "SELECT 1"], "no round trip between"
+    assert follower.state is ClientState.ACTIVE
+    server.send(reply("0") + reply("1"))
+    assert head.take() == reply("0") and follower.take() == reply("1"), "each its own replies"
+    stats = net.pool().stats
+    assert (stats.pipelined_count, stats.xact_count) == (1, 2)
+    assert net.pool().idle == [server.conn]
+
+
+def test_with_pipeline_depth_0_a_waiting_client_waits_for_the_release(
+        fake_pooler: Any) -> None:
+    net = fake_pooler(pipeline_depth=0, query_wait_timeout=0)
+    head, (follower,), server = lined(net, 1)
+    assert query_texts(server.take()) == ["SELECT 0"]
+    assert follower.state is ClientState.WAITING
+    server.send(reply("0"))
+    assert query_texts(server.take()) == ["SELECT 1"]
+    assert net.pool().stats.pipelined_count == 0
+
+
+def test_the_line_is_no_longer_than_pipeline_depth(fake_pooler: Any) -> None:
+    net = fake_pooler(pipeline_depth=2, query_wait_timeout=0)
+    _, followers, server = lined(net, 3)
+    assert query_texts(server.take()) == ["SELECT 0", "SELECT 1", "SELECT 2"]
+    assert [f.state for f in followers] == [ClientState.ACTIVE, ClientState.ACTIVE,
+                                            ClientState.WAITING]
+    server.send(reply("0"))
+    net.run_callbacks()
+    assert query_texts(server.take()) == ["SELECT 3"], "topped up as the head leaves"
+    server.send(reply("1") + reply("2") + reply("3"))
+    assert [f.take() for f in followers] == [reply("1"), reply("2"), reply("3")]
+
+
+def test_a_transaction_block_is_never_followed(fake_pooler: Any) -> None:
+    net = fake_pooler(pipeline_depth=4, query_wait_timeout=0)
+    head, server = net.client_with_server()
+    other = net.connect()
+    head.send(m.query("BEGIN"))
+    other.send(m.query("SELECT 1"))
+    net.run_callbacks()
+    assert query_texts(server.take()) == ["BEGIN"] and other.state is ClientState.WAITING
+    server.send(command("BEGIN", m.TX_IN_BLOCK))
+    head.send(m.query("COMMIT"))
+    server.send(command("COMMIT"))
+    assert query_texts(server.take()) == ["COMMIT", "SELECT 1"]
+
+
+def test_a_follower_that_leaves_has_its_replies_dropped_and_the_line_moves_on(
+        fake_pooler: Any) -> None:
+    net = fake_pooler(pipeline_depth=4, query_wait_timeout=0)
+    head, (gone, last), server = lined(net, 2)
+    server.take()
+    gone.leave()
+    assert server.state is ServerState.ACTIVE and not server.transport.closed
+    server.send(reply("0") + reply("1") + reply("2"))
+    assert head.take() == reply("0") and last.take() == reply("2")
+    assert net.pool().idle == [server.conn]
+
+
+def test_a_cancel_from_a_client_queued_behind_another_is_dropped(fake_pooler: Any) -> None:
+    net = fake_pooler(pipeline_depth=4, query_wait_timeout=0)
+    head, (follower,), server = lined(net, 1)
+    net.cancel(follower.cancel_key)
+    assert net.spawned == [], "it would cancel the query ahead"
+    net.cancel(head.cancel_key)
+    assert net.spawned == [], "it could land on the query behind"
+    server.send(reply("0") + reply("1"))
+    assert follower.take() == reply("1")
+
+
+def test_a_follower_inside_a_block_after_all_closes_the_server(fake_pooler: Any) -> None:
+    net = fake_pooler(pipeline_depth=4, query_wait_timeout=0)
+    head, (follower,), server = lined(net, 1)
+    server.take()
+    # The follower's statement left a transaction open (a function that ran BEGIN, say).
+    server.send(reply("0") + select_one(m.TX_IN_BLOCK))
+    assert head.take() == reply("0")
+    assert server.closed() == m.terminate(), "closing rolls its transaction back"
+    assert net.pool().idle == []
