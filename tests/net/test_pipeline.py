@@ -9,7 +9,15 @@ import pytest
 
 from pypool.core.states import ClientState, ServerState
 from pypool.protocol import messages as m
-from tests.net.fakes import Client, FakePooler, Server, command, query_texts, select_one
+from tests.net.fakes import (
+    Client,
+    FakePooler,
+    Server,
+    command,
+    errors_in,
+    query_texts,
+    select_one,
+)
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -78,6 +86,7 @@ def test_a_transaction_block_is_never_followed(fake_pooler: Any) -> None:
     server.send(command("BEGIN", m.TX_IN_BLOCK))
     head.send(m.query("COMMIT"))
     server.send(command("COMMIT"))
+    net.run_callbacks()
     assert query_texts(server.take()) == ["COMMIT", "SELECT 1"]
 
 
@@ -104,12 +113,14 @@ def test_a_cancel_from_a_client_queued_behind_another_is_dropped(fake_pooler: An
     assert follower.take() == reply("1")
 
 
-def test_a_follower_inside_a_block_after_all_closes_the_server(fake_pooler: Any) -> None:
+def test_a_head_left_inside_a_block_after_all_closes_the_server(fake_pooler: Any) -> None:
     net = fake_pooler(pipeline_depth=4, query_wait_timeout=0)
     head, (follower,), server = lined(net, 1)
     server.take()
-    # The follower's statement left a transaction open (a function that ran BEGIN, say).
-    server.send(reply("0") + select_one(m.TX_IN_BLOCK))
-    assert head.take() == reply("0")
-    assert server.closed() == m.terminate(), "closing rolls its transaction back"
-    assert net.pool().idle == []
+    # The head's statement left a transaction open (a function that ran BEGIN, say): the
+    # follower's query behind it would run inside it.
+    server.send(select_one(m.TX_IN_BLOCK))
+    assert head.take() == select_one(m.TX_IN_BLOCK)
+    assert server.closed() == m.terminate(), "closing rolls the transaction back"
+    assert errors_in(follower.take())[0]["M"] == "server conn crashed?"
+    assert follower.state is ClientState.CLOSED and net.pool().idle == []
