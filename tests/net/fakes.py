@@ -244,7 +244,8 @@ class FakePooler:
         conn.connection_made(transport)
         conn.data_received(m.startup_message({"user": user, "database": database, **params}))
         client = Client(conn, transport)
-        client.take()  # the welcome, if it came
+        if m.ready_for_query() in transport.written:
+            client.take()  # the welcome came: kept apart
         return client
 
     def cancel(self, key: tuple[int, int]) -> FakeTransport:
