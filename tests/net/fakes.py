@@ -5,13 +5,13 @@ what touches the operating system is replaced:
 - every transport is a `FakeTransport`, which records what is written to it and whether
   reading is paused, resumed or the transport closed;
 - the clock (`Pooler.now`) is a `FakeClock` the test moves by hand;
-- coroutines the pooler would run (sending a cancel, ...) are kept in `FakePooler.spawned`
-  instead of being run; a server's connect is dropped: the server the pool opens waits in
-  its pool's `login` set until the test connects it (`open_servers`), as if PostgreSQL
-  answered;
-- the event loop exists (the Pooler asks for one) but never runs on its own: callbacks the
-  pooler schedules with call_soon (deferred writes, net/deferred_writes.py) run when the
-  test calls `run_callbacks`.
+- a server the pool opens connects over a fake `loop.create_connection` and waits for its
+  login until the test answers it (`open_servers`, `fail_logins`), as PostgreSQL would;
+- other coroutines the pooler would run (a cancel's connection) are kept in
+  `FakePooler.spawned` for the test to run;
+- the event loop exists (the Pooler asks for one) but runs only when the test calls
+  `run_callbacks`: callbacks scheduled with call_soon (deferred writes,
+  net/deferred_writes.py) and the servers' connect tasks progress then.
 
 Tests drive the connections as the network would: bytes to `data_received`, then read what
 each transport received. They assert what a peer or an operator would see (bytes on the
@@ -201,6 +201,10 @@ class FakePooler:
 
     def __init__(self, settings: Settings) -> None:
         self.loop = asyncio.new_event_loop()
+        # A server's connect (server_logins._connect) runs as the pooler's task, and its
+        # TCP connection is a fake one, waiting for the test to answer its login.
+        self.loop.create_connection = self._create_connection  # type: ignore[method-assign]
+        self._dialed: list[tuple[ServerConnection, FakeTransport]] = []
         self.pooler = self.loop.run_until_complete(self._make(settings))
         self.clock = FakeClock()
         self.pooler.now = self.clock
@@ -209,12 +213,20 @@ class FakePooler:
         self._peer_port = 40000
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Keep what the pooler would run as a task, but a server's connect: the test
-        connects servers itself (`open_servers`), so that one is dropped at once."""
+        """A server's connect runs as a task (it progresses in `run_callbacks`); anything
+        else the pooler would run (a cancel) is kept in `spawned` for the test to run."""
         if coro.cr_code.co_name == "_connect":
-            coro.close()
+            self.loop.create_task(coro)
         else:
             self.spawned.append(coro)
+
+    async def _create_connection(self, factory: Any, host: str, port: int,
+                                 **_: Any) -> tuple[FakeTransport, Any]:
+        protocol = factory()
+        transport = FakeTransport()
+        self._dialed.append((protocol, transport))
+        protocol.connection_made(transport)
+        return transport, protocol
 
     @staticmethod
     async def _make(settings: Settings) -> Pooler:
@@ -223,6 +235,11 @@ class FakePooler:
     def close(self) -> None:
         for coro in self.spawned:
             coro.close()
+        tasks = asyncio.all_tasks(self.loop)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         self.loop.close()
 
     # --- the pieces ---------------------------------------------------------------------
@@ -231,8 +248,9 @@ class FakePooler:
         return self.pooler.pools[(database, user)]
 
     def run_callbacks(self) -> None:
-        """Run what the pooler scheduled with call_soon (one round of the loop)."""
-        self.loop.run_until_complete(asyncio.sleep(0))
+        """Run what the pooler scheduled (call_soon, its connect tasks) until it waits."""
+        for _ in range(3):
+            self.loop.run_until_complete(asyncio.sleep(0))
 
     def connect(self, user: str = USER, database: str = DATABASE, **params: str) -> Client:
         """A client that connects and sends its StartupMessage. Welcomed at once when its
@@ -258,29 +276,44 @@ class FakePooler:
         return transport
 
     def opening(self) -> list[ServerConnection]:
-        """Servers the pools have opened that have no socket yet."""
-        return [server for pool in self.pooler.pools.values() for server in pool.login
-                if server.transport is None]
+        """Servers the pools have opened whose login PostgreSQL has not answered yet."""
+        self.run_callbacks()
+        return [conn for conn, _ in self._dialed
+                if conn.state is ServerState.LOGIN and not conn.ready.done()]
 
     def open_servers(self, **params: str) -> list[Server]:
-        """Connect and log in every server the pools are opening, as PostgreSQL would: trust,
-        its parameters (SERVER_PARAMS, overridden by `params`), a BackendKeyData, 'I'."""
-        out = []
-        for conn in self.opening():
-            out.append(self.log_in(conn, **params))
+        """Log in every server the pools are opening, as PostgreSQL would: trust, its
+        parameters (SERVER_PARAMS, overridden by `params`), a BackendKeyData, 'I'."""
+        out = [self.log_in(conn, **params) for conn in self.opening()]
+        self.run_callbacks()  # their connect tasks see the login done
         return out
 
+    def fail_logins(self, error: bytes) -> list[Server]:
+        """PostgreSQL refuses the login of every server the pools are opening with `error`
+        (an ErrorResponse)."""
+        out = []
+        for conn in self.opening():
+            server = self._server(conn)
+            server.take()
+            server.send(error)
+            out.append(server)
+        self.run_callbacks()  # their connect tasks see the login failed
+        return out
+
+    def _server(self, conn: ServerConnection) -> Server:
+        (transport,) = [t for c, t in self._dialed if c is conn]
+        return Server(conn, transport)
+
     def log_in(self, conn: ServerConnection, **params: str) -> Server:
-        transport = FakeTransport()
-        conn.connection_made(transport)
-        assert transport.take()[4:8] == b"\x00\x03\x00\x00", "a StartupMessage first"
+        server = self._server(conn)
+        assert server.take()[4:8] == b"\x00\x03\x00\x00", "a StartupMessage first"
         reported = {**SERVER_PARAMS, **params}
-        key = (4000 + conn.id, 777 + conn.id)
-        conn.data_received(b"".join(
+        key = server.backend_key = (4000 + conn.id, 777 + conn.id)
+        server.send(b"".join(
             [m.authentication(m.AUTH_OK)]
             + [m.parameter_status(name, value) for name, value in reported.items()]
             + [m.backend_key_data(*key), m.ready_for_query()]))
-        return Server(conn, transport, key)
+        return server
 
     def client_with_server(self, **params: str) -> tuple[Client, Server]:
         """A client welcomed into a pool whose only server has logged in and sits idle."""
