@@ -10,7 +10,7 @@ import pytest
 from pypool.core.states import ClientState, ServerState
 from pypool.protocol import messages as m
 from pypool.settings import DatabaseEntry
-from tests.net.fakes import command, kinds, query_texts, select_one
+from tests.net.fakes import command, errors_in, kinds, query_texts, select_one
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -195,3 +195,51 @@ def test_each_database_has_its_own_pool_and_servers(fake_pooler: Any) -> None:
     assert query_texts(app_server.take()) == ["SELECT 'app'"]
     assert query_texts(other_server.take()) == ["SELECT 'other'"]
     assert net.pool("other").server_count == 1 and net.pool().server_count == 1
+
+
+def test_the_reserve_pool_opens_once_a_client_has_waited_reserve_pool_timeout(
+        fake_pooler: Any) -> None:
+    net = fake_pooler(reserve_pool_size=1, reserve_pool_timeout=2)
+    busy, server = net.client_with_server()
+    waiter = net.connect()
+    busy.send(m.query("SELECT pg_sleep(60)"))
+    waiter.send(m.query("SELECT 1"))
+    assert net.opening() == [], "pool_size reached: no reserve yet"
+    net.clock.advance(2.5)
+    net.pooler.launch_servers(net.pool())  # the janitor's sweep does this
+    (reserve,) = net.open_servers()
+    assert waiter.state is ClientState.ACTIVE and reserve.take() == m.query("SELECT 1")
+
+
+def test_max_db_connections_evicts_another_pools_idle_server(fake_pooler: Any) -> None:
+    net = fake_pooler(max_db_connections=1, default_pool_size=2)
+    app, server = net.client_with_server()
+    other = net.connect(user="other")
+    assert other.state is ClientState.WELCOME
+    assert server.closed() == m.terminate(), "the idle server of app/app makes room"
+    (fresh,) = net.open_servers()
+    assert other.take() == b"" and other.state is ClientState.IDLE
+    assert fresh.conn.pool is net.pool(user="other")
+
+
+def test_a_sigint_shutdown_lets_the_transaction_finish_then_tells_its_client(
+        fake_pooler: Any) -> None:
+    net = fake_pooler()
+    busy, server = net.client_with_server()
+    idle = net.connect()
+    busy.send(m.query("BEGIN"))
+    server.send(command("BEGIN", m.TX_IN_BLOCK))
+    busy.take()
+    server.take()
+    net.pooler.shutdown("SIGINT")
+    idle.send(m.query("SELECT 1"))
+    (refused,) = errors_in(idle.take())
+    assert (refused["C"], refused["M"]) == ("57P01", "server shutting down")
+    busy.send(m.query("COMMIT"))
+    assert query_texts(server.take()) == ["COMMIT"], "its transaction runs to its end"
+    server.send(command("COMMIT"))
+    received = busy.take()
+    assert received.startswith(command("COMMIT"))
+    assert errors_in(received)[0]["M"] == "server shutting down"
+    assert busy.state is ClientState.CLOSED and server.transport.closed
+    assert net.pooler.stopped.done()
