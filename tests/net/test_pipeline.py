@@ -15,6 +15,7 @@ from tests.net.fakes import (
     Server,
     command,
     errors_in,
+    kinds,
     query_texts,
     select_one,
 )
@@ -124,3 +125,62 @@ def test_a_head_left_inside_a_block_after_all_closes_the_server(fake_pooler: Any
     assert server.closed() == m.terminate(), "closing rolls the transaction back"
     assert errors_in(follower.take())[0]["M"] == "server conn crashed?"
     assert follower.state is ClientState.CLOSED and net.pool().idle == []
+
+
+# --- with query_wait_timeout: only extended-protocol segments, each behind a guard ---------
+
+
+def parse_bind_execute_sync() -> bytes:
+    parse = m.message(m.PARSE, b"\x00SELECT 1\x00\x00\x00")
+    bind = m.message(m.BIND, b"\x00\x00" + b"\x00\x00" * 3)
+    return parse + bind + m.execute() + m.sync()
+
+
+def extended_reply(status: int = m.TX_IDLE) -> bytes:
+    return (m.parse_complete() + m.message(ord("2")) + m.data_row(["1"])
+            + m.command_complete("SELECT 1") + m.ready_for_query(status))
+
+
+def guarded_line(net: FakePooler) -> tuple[Client, Client, Server]:
+    head, server = net.client_with_server()
+    follower = net.connect()
+    head.send(parse_bind_execute_sync())
+    follower.send(parse_bind_execute_sync())
+    net.run_callbacks()
+    return head, follower, server
+
+
+def test_with_query_wait_timeout_a_simple_query_is_not_lined(fake_pooler: Any) -> None:
+    net = fake_pooler(pipeline_depth=4, query_wait_timeout=30)
+    head, (follower,), server = lined(net, 1)
+    assert query_texts(server.take()) == ["SELECT 0"]
+    assert follower.state is ClientState.WAITING, "no guard can share a simple Query"
+
+
+def test_a_lined_extended_segment_goes_behind_a_guard_whose_replies_are_hidden(
+        fake_pooler: Any) -> None:
+    net = fake_pooler(pipeline_depth=4, query_wait_timeout=30)
+    head, follower, server = guarded_line(net)
+    assert follower.state is ClientState.ACTIVE
+    assert kinds(server.take()) == "PBES" + "PBE" + "PBES", "the guard opens its segment"
+    guard_replies = m.parse_complete() + m.message(ord("2")) + m.command_complete("SELECT 0")
+    server.send(extended_reply() + guard_replies + extended_reply())
+    assert head.take() == extended_reply() and follower.take() == extended_reply()
+    assert net.pool().stats.pipelined_count == 1
+
+
+def test_a_guard_past_its_deadline_refuses_the_client_with_query_wait_timeout(
+        fake_pooler: Any) -> None:
+    net = fake_pooler(pipeline_depth=4, query_wait_timeout=30)
+    head, follower, server = guarded_line(net)
+    server.take()
+    deadline_error = m.error_response(
+        "pypool: query_wait_timeout at 2026-12-02 16:00:00+00", "22P02")
+    server.send(extended_reply() + m.parse_complete() + m.message(ord("2")) + deadline_error
+                + m.ready_for_query())
+    assert head.take() == extended_reply()
+    (error,) = errors_in(follower.take())
+    assert (error["S"], error["M"]) == ("FATAL", "query_wait_timeout")
+    assert follower.state is ClientState.CLOSED
+    assert net.pool().idle == [server.conn], "its transaction never started: the server serves on"
+    assert net.pool().stats.errors["query_wait_timeout"] == 1
