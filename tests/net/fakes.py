@@ -5,13 +5,13 @@ what touches the operating system is replaced:
 - every transport is a `FakeTransport`, which records what is written to it and whether
   reading is paused, resumed or the transport closed;
 - the clock (`Pooler.now`) is a `FakeClock` the test moves by hand;
-- a server the pool opens connects over a fake `loop.create_connection` and waits for its
-  login until the test answers it (`open_servers`, `fail_logins`), as PostgreSQL would;
-- other coroutines the pooler would run (a cancel's connection) are kept in
-  `FakePooler.spawned` for the test to run;
+- every connection the pooler opens goes through a fake `loop.create_connection`: a server
+  the pool opens waits for its login until the test answers it (`open_servers`,
+  `fail_logins`), as PostgreSQL would; a cancel's connection is kept in
+  `FakePooler.cancels` until the test answers it (`answer_cancels`);
 - the event loop exists (the Pooler asks for one) but runs only when the test calls
   `run_callbacks`: callbacks scheduled with call_soon (deferred writes,
-  net/deferred_writes.py) and the servers' connect tasks progress then.
+  net/deferred_writes.py) and the pooler's tasks (connects, cancels) progress then.
 
 Tests drive the connections as the network would: bytes to `data_received`, then read what
 each transport received. They assert what a peer or an operator would see (bytes on the
@@ -22,8 +22,10 @@ link is kept in.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from pypool.core.states import ServerState
 from pypool.net.client import ClientConnection
@@ -196,35 +198,50 @@ class Server:
         return self.conn.state
 
 
+class CancelConnection:
+    """A connection the pooler opened to PostgreSQL to send a CancelRequest."""
+
+    def __init__(self, host: str, port: int, protocol: Any, transport: FakeTransport) -> None:
+        self.host = host
+        self.port = port
+        self.protocol = protocol
+        self.transport = transport
+        self.answered = False
+
+    @property
+    def request(self) -> bytes:
+        """What the pooler sent on it."""
+        return bytes(self.transport.written)
+
+
 class FakePooler:
     """A real Pooler whose sockets, clock and tasks are fakes (see the module docstring)."""
 
     def __init__(self, settings: Settings) -> None:
         self.loop = asyncio.new_event_loop()
-        # A server's connect (server_logins._connect) runs as the pooler's task, and its
-        # TCP connection is a fake one, waiting for the test to answer its login.
+        # Every connection the pooler opens (a server's, in server_logins._connect; a
+        # cancel's, through asyncio.open_connection) is made by this loop's
+        # create_connection: a fake one here. Nothing on the Pooler itself is patched, so
+        # this runs the same against the compiled modules.
         self.loop.create_connection = self._create_connection  # type: ignore[method-assign]
         self._dialed: list[tuple[ServerConnection, FakeTransport]] = []
+        self.cancels: list[CancelConnection] = []
+        self.refuse_cancels = False  # PostgreSQL's port refuses cancel connections
         self.pooler = self.loop.run_until_complete(self._make(settings))
         self.clock = FakeClock()
         self.pooler.now = self.clock
-        self.spawned: list[Coroutine[Any, Any, None]] = []
-        self.pooler.spawn = self._spawn  # type: ignore[method-assign]
         self._peer_port = 40000
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """A server's connect runs as a task (it progresses in `run_callbacks`); anything
-        else the pooler would run (a cancel) is kept in `spawned` for the test to run."""
-        if coro.cr_code.co_name == "_connect":
-            self.loop.create_task(coro)
-        else:
-            self.spawned.append(coro)
 
     async def _create_connection(self, factory: Any, host: str, port: int,
                                  **_: Any) -> tuple[FakeTransport, Any]:
         protocol = factory()
+        if not isinstance(protocol, ServerConnection) and self.refuse_cancels:
+            raise ConnectionRefusedError(f"connect to {host}:{port} refused")
         transport = FakeTransport()
-        self._dialed.append((protocol, transport))
+        if isinstance(protocol, ServerConnection):
+            self._dialed.append((protocol, transport))
+        else:
+            self.cancels.append(CancelConnection(host, port, protocol, transport))
         protocol.connection_made(transport)
         return transport, protocol
 
@@ -233,8 +250,6 @@ class FakePooler:
         return Pooler(settings)  # it asks for the running loop
 
     def close(self) -> None:
-        for coro in self.spawned:
-            coro.close()
         tasks = asyncio.all_tasks(self.loop)
         for task in tasks:
             task.cancel()
@@ -267,13 +282,23 @@ class FakePooler:
         return client
 
     def cancel(self, key: tuple[int, int]) -> FakeTransport:
-        """A connection that sends a CancelRequest with `key` (what the pooler closes)."""
+        """A connection that sends a CancelRequest with `key` (what the pooler closes); the
+        pooler's tasks then run until they wait (the cancel's connection to PostgreSQL)."""
         self._peer_port += 1
         transport = FakeTransport(("10.0.0.7", self._peer_port))
         conn = ClientConnection(self.pooler)
         conn.connection_made(transport)
         conn.data_received(m.cancel_request(*key))
+        self.run_callbacks()
         return transport
+
+    def answer_cancels(self) -> None:
+        """PostgreSQL signals the backends and closes every cancel connection open."""
+        for cancel in self.cancels:
+            if not cancel.answered:
+                cancel.answered = True
+                cancel.protocol.connection_lost(None)
+        self.run_callbacks()
 
     def opening(self) -> list[ServerConnection]:
         """Servers the pools have opened whose login PostgreSQL has not answered yet."""
@@ -338,8 +363,11 @@ def make_settings(databases: dict[str, DatabaseEntry] | None = None,
                     users=users or {}, inline_users={USER: PASSWORD, "other": PASSWORD})
 
 
-def fake_pooler_factory() -> Iterator[Any]:
-    """The body of the `fake_pooler` fixture: make FakePoolers, close them afterwards."""
+@pytest.fixture
+def fake_pooler() -> Iterator[Any]:
+    """`fake_pooler(databases=..., users=..., **keys)`: a FakePooler with those [pgbouncer]
+    keys (transaction mode, trust, pool_size 1 unless said), closed after the test.
+    Re-exported by the conftest.py of tests/net and tests/pooler."""
     made: list[FakePooler] = []
 
     def make(databases: dict[str, DatabaseEntry] | None = None,

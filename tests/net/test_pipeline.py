@@ -107,9 +107,9 @@ def test_a_cancel_from_a_client_queued_behind_another_is_dropped(fake_pooler: An
     net = fake_pooler(pipeline_depth=4, query_wait_timeout=0)
     head, (follower,), server = lined(net, 1)
     net.cancel(follower.cancel_key)
-    assert net.spawned == [], "it would cancel the query ahead"
+    assert net.cancels == [], "it would cancel the query ahead"
     net.cancel(head.cancel_key)
-    assert net.spawned == [], "it could land on the query behind"
+    assert net.cancels == [], "it could land on the query behind"
     server.send(reply("0") + reply("1"))
     assert follower.take() == reply("1")
 
