@@ -136,3 +136,25 @@ def test_a_terminate_mid_transaction_closes_the_server(fake_pooler: Any) -> None
     client.send(m.terminate())
     assert client.state is ClientState.CLOSED
     assert server.closed() == m.terminate() and server.state is ServerState.CLOSED
+
+
+def test_max_client_conn_refuses_one_client_too_many(fake_pooler: Any) -> None:
+    net = fake_pooler(max_client_conn=2)
+    first, _ = net.client_with_server()
+    second = net.connect()
+    third = net.connect()
+    (error,) = errors_in(third.take())
+    assert (error["C"], error["M"]) == ("53300", "no more connections allowed (max_client_conn)")
+    assert third.state is ClientState.CLOSED
+    assert first.state is ClientState.IDLE and second.state is ClientState.IDLE
+
+
+def test_a_notification_reaches_the_client_that_holds_the_server(fake_pooler: Any) -> None:
+    net = fake_pooler()
+    client, server = net.client_with_server()
+    client.send(m.query("BEGIN"))
+    server.send(command("BEGIN", m.TX_IN_BLOCK))
+    client.take()
+    notification = m.message(ord("A"), (123).to_bytes(4, "big") + b"news\x00hello\x00")
+    server.send(notification)
+    assert client.take() == notification

@@ -159,3 +159,17 @@ def test_a_set_follows_the_client_to_its_next_server(fake_pooler: Any) -> None:
     server.send(command("RESET"))
     assert query_texts(server.take()) == ["BEGIN"] and other.take() == b""
     assert net.pool().stats.session_synced == 1
+
+
+def test_a_copy_from_stdin_keeps_the_server_until_its_ready_for_query(fake_pooler: Any) -> None:
+    net = fake_pooler()
+    client, server = net.client_with_server()
+    client.send(m.query("COPY t FROM STDIN"))
+    server.send(m.message(ord("G"), b"\x00\x00\x01\x00\x00"))  # CopyInResponse, one column
+    copy_data = m.message(m.COPY_DATA, b"1\n") + m.message(m.COPY_DATA, b"2\n")
+    client.send(copy_data, m.message(m.COPY_DONE))
+    assert server.take() == m.query("COPY t FROM STDIN") + copy_data + m.message(m.COPY_DONE)
+    assert server.state is ServerState.ACTIVE
+    server.send(command("COPY 2"))
+    assert kinds(client.take()) == "GCZ"
+    assert server.state is ServerState.IDLE and net.pool().stats.xact_count == 1
