@@ -74,6 +74,7 @@ class FakeTransport:
 
     def __init__(self, peername: tuple[str, int] | None = None) -> None:
         self.written = bytearray()
+        self.writes = 0  # how many write calls (a syscall each, on a real socket)
         self.reading = True
         self.pauses = 0
         self.closed = False
@@ -84,6 +85,7 @@ class FakeTransport:
     def write(self, data: bytes) -> None:
         assert not self.closed, "written after close"
         self.written += data
+        self.writes += 1
 
     def writelines(self, pieces: Any) -> None:
         for piece in pieces:
@@ -225,6 +227,7 @@ class FakePooler:
         # this runs the same against the compiled modules.
         self.loop.create_connection = self._create_connection  # type: ignore[method-assign]
         self._dialed: list[tuple[ServerConnection, FakeTransport]] = []
+        self._answered: set[ServerConnection] = set()  # logins answered (or refused)
         self.cancels: list[CancelConnection] = []
         self.refuse_cancels = False  # PostgreSQL's port refuses cancel connections
         self.pooler = self.loop.run_until_complete(self._make(settings))
@@ -304,7 +307,7 @@ class FakePooler:
         """Servers the pools have opened whose login PostgreSQL has not answered yet."""
         self.run_callbacks()
         return [conn for conn, _ in self._dialed
-                if conn.state is ServerState.LOGIN and not conn.ready.done()]
+                if conn not in self._answered and conn.state is not ServerState.CLOSED]
 
     def open_servers(self, **params: str) -> list[Server]:
         """Log in every server the pools are opening, as PostgreSQL would: trust, its
@@ -318,6 +321,7 @@ class FakePooler:
         (an ErrorResponse)."""
         out = []
         for conn in self.opening():
+            self._answered.add(conn)
             server = self._server(conn)
             server.take()
             server.send(error)
@@ -330,6 +334,7 @@ class FakePooler:
         return Server(conn, transport)
 
     def log_in(self, conn: ServerConnection, **params: str) -> Server:
+        self._answered.add(conn)
         server = self._server(conn)
         assert server.take()[4:8] == b"\x00\x03\x00\x00", "a StartupMessage first"
         reported = {**SERVER_PARAMS, **params}

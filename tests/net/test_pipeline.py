@@ -63,6 +63,20 @@ def test_with_pipeline_depth_0_a_waiting_client_waits_for_the_release(
     assert net.pool().stats.pipelined_count == 0
 
 
+def test_the_requests_lined_in_one_round_leave_in_one_write(fake_pooler: Any) -> None:
+    net = fake_pooler(pipeline_depth=4, query_wait_timeout=0)
+    head, server = net.client_with_server()
+    followers = [net.connect() for _ in range(3)]
+    before = server.transport.writes
+    head.send(m.query("SELECT 0"))
+    for number, follower in enumerate(followers, 1):
+        follower.send(m.query(f"SELECT {number}"))
+    assert server.take() == b"", "deferred to the end of the loop's round"
+    net.run_callbacks()
+    assert query_texts(server.take()) == ["SELECT 0", "SELECT 1", "SELECT 2", "SELECT 3"]
+    assert server.transport.writes == before + 1, "one write: the backend wakes once"
+
+
 def test_the_line_is_no_longer_than_pipeline_depth(fake_pooler: Any) -> None:
     net = fake_pooler(pipeline_depth=2, query_wait_timeout=0)
     _, followers, server = lined(net, 3)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from pypool.core.states import ClientState, ServerState
+from pypool.pooler import janitor
 from pypool.protocol import messages as m
 from pypool.settings import DatabaseEntry
 from tests.net.fakes import command, errors_in, kinds, query_texts, select_one
@@ -206,7 +207,7 @@ def test_the_reserve_pool_opens_once_a_client_has_waited_reserve_pool_timeout(
     waiter.send(m.query("SELECT 1"))
     assert net.opening() == [], "pool_size reached: no reserve yet"
     net.clock.advance(2.5)
-    net.pooler.launch_servers(net.pool())  # the janitor's sweep does this
+    janitor.sweep(net.pooler)
     (reserve,) = net.open_servers()
     assert waiter.state is ClientState.ACTIVE and reserve.take() == m.query("SELECT 1")
 
