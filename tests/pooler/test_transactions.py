@@ -1,0 +1,175 @@
+"""pooler/transactions.py: what each ReadyForQuery means for the client's server, over fake
+transports (tests/net/fakes.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pypool.core.states import ClientState, ServerState
+from pypool.protocol import messages as m
+from tests.net.fakes import command, errors_in, kinds, query_texts, select_one, server_error
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def parse(sql: str, name: bytes = b"") -> bytes:
+    return m.message(m.PARSE, name + b"\x00" + sql.encode() + b"\x00\x00\x00")
+
+
+def bind(statement: bytes = b"") -> bytes:
+    return m.message(m.BIND, b"\x00" + statement + b"\x00\x00\x00\x00\x00\x00\x00")
+
+
+def extended_select() -> bytes:
+    """One extended-protocol transaction: Parse, Bind, Execute, Sync of SELECT 1."""
+    return parse("SELECT 1") + bind() + m.execute() + m.sync()
+
+
+def extended_replies(status: int = m.TX_IDLE) -> bytes:
+    return (m.parse_complete() + m.message(ord("2")) + m.data_row(["1"])
+            + m.command_complete("SELECT 1") + m.ready_for_query(status))
+
+
+def test_counts_queries_and_one_transaction_for_a_block(fake_pooler: Any) -> None:
+    net = fake_pooler()
+    client, server = net.client_with_server()
+    for sql, reply in (("BEGIN", command("BEGIN", m.TX_IN_BLOCK)),
+                       ("SELECT 1", select_one(m.TX_IN_BLOCK)),
+                       ("COMMIT", command("COMMIT"))):
+        client.send(m.query(sql))
+        server.send(reply)
+    stats = net.pool().stats
+    assert (stats.query_count, stats.xact_count) == (3, 1)
+    assert net.pool().idle == [server.conn]
+
+
+def test_an_extended_protocol_transaction_releases_at_its_sync(fake_pooler: Any) -> None:
+    net = fake_pooler()
+    client, server = net.client_with_server()
+    client.send(extended_select())
+    assert kinds(server.take()) == "PBES"
+    server.send(extended_replies())
+    assert kinds(client.take()) == "12DCZ"
+    assert client.state is ClientState.IDLE and net.pool().idle == [server.conn]
+
+
+def test_two_queries_sent_at_once_keep_the_server_until_the_second_reply(
+        fake_pooler: Any) -> None:
+    net = fake_pooler()
+    client, server = net.client_with_server()
+    client.send(m.query("SELECT 1") + m.query("SELECT 2"))
+    assert query_texts(server.take()) == ["SELECT 1", "SELECT 2"]
+    server.send(select_one())
+    assert server.state is ServerState.ACTIVE and net.pool().idle == [], "one reply still owed"
+    server.send(select_one())
+    assert server.state is ServerState.IDLE and net.pool().stats.xact_count == 1
+
+
+def test_a_ready_for_query_cut_in_pieces_releases_only_when_whole(fake_pooler: Any) -> None:
+    net = fake_pooler()
+    client, server = net.client_with_server()
+    client.send(m.query("SELECT 1"))
+    reply = select_one()
+    for byte in range(len(reply) - 1):
+        server.send(reply[byte:byte + 1])
+    assert server.state is ServerState.ACTIVE
+    server.send(reply[-1:])
+    assert client.take() == reply and server.state is ServerState.IDLE
+
+
+def test_a_failed_transaction_block_keeps_its_server(fake_pooler: Any) -> None:
+    net = fake_pooler()
+    client, server = net.client_with_server()
+    client.send(m.query("BEGIN"))
+    server.send(command("BEGIN", m.TX_IN_BLOCK))
+    client.send(m.query("SELECT 1/0"))
+    server.send(server_error("division by zero", "22012", m.TX_FAILED))
+    assert errors_in(client.take())[0]["C"] == "22012"
+    assert server.state is ServerState.ACTIVE and net.pool().idle == []
+    client.send(m.query("ROLLBACK"))
+    server.send(command("ROLLBACK"))
+    assert server.state is ServerState.IDLE
+
+
+def test_session_mode_keeps_the_server_between_transactions(fake_pooler: Any) -> None:
+    net = fake_pooler(pool_mode="session")
+    client, server = net.client_with_server()
+    client.send(m.query("SELECT 1"))
+    server.send(select_one())
+    assert client.state is ClientState.ACTIVE and server.state is ServerState.ACTIVE
+    assert net.pool().idle == [] and net.pool().stats.xact_count == 1
+    other = net.connect()
+    other.send(m.query("SELECT 2"))
+    assert other.state is ClientState.WAITING, "the server is the first client's session's"
+
+
+def test_statement_mode_refuses_a_transaction_block(fake_pooler: Any) -> None:
+    net = fake_pooler(pool_mode="statement")
+    client, server = net.client_with_server()
+    client.send(m.query("BEGIN"))
+    server.take()
+    server.send(command("BEGIN", m.TX_IN_BLOCK))
+    (error,) = errors_in(client.take())
+    assert error["M"] == "transaction blocks not allowed in statement pooling mode"
+    assert client.state is ClientState.CLOSED and client.transport.closed
+    assert server.closed() == m.terminate(), "its open transaction is rolled back by closing"
+    assert net.pool().idle == []
+
+
+def test_a_listen_pins_the_client_to_its_server_with_a_notice(fake_pooler: Any) -> None:
+    net = fake_pooler()
+    client, server = net.client_with_server()
+    client.send(m.query("LISTEN news"))
+    server.send(command("LISTEN"))
+    received = client.take()
+    assert received.startswith(command("LISTEN")) and kinds(received) == "CZN"
+    assert b"keeps its server until the session state is gone" in received
+    assert server.state is ServerState.ACTIVE and net.pool().stats.session_pinned == 1
+    client.send(m.query("UNLISTEN *"))
+    server.send(command("UNLISTEN"))
+    assert server.state is ServerState.IDLE and net.pool().idle == [server.conn]
+
+
+def test_session_state_reject_refuses_a_session_statement(fake_pooler: Any) -> None:
+    net = fake_pooler(session_state="reject")
+    client, server = net.client_with_server()
+    client.send(m.query("LISTEN news"))
+    (sent,) = query_texts(server.take())
+    assert "LISTEN news" not in sent and "LISTEN is not allowed" in sent, \
+        "in its place, a statement that raises the refusal in its turn"
+    assert net.pool().stats.session_refused == 1
+    server.send(server_error("LISTEN is not allowed in transaction pooling mode", "0A000"))
+    assert errors_in(client.take())[0]["C"] == "0A000"
+    assert server.state is ServerState.IDLE, "nothing pins it"
+
+
+def test_a_set_follows_the_client_to_its_next_server(fake_pooler: Any) -> None:
+    net = fake_pooler(default_pool_size=2)
+    client, server = net.client_with_server()
+    client.send(m.query("SET search_path = s1"))
+    assert query_texts(server.take()) == ["SET search_path = s1"]
+    server.send(command("SET"))
+    assert server.state is ServerState.IDLE, "a SET that follows its client does not pin"
+    other = net.connect()
+    other.send(m.query("BEGIN"))  # takes the server that holds the SET
+    assert other.state is ClientState.ACTIVE
+    assert query_texts(server.take()) == ["RESET search_path"], "undone before its BEGIN"
+    server.send(command("RESET"))
+    assert query_texts(server.take()) == ["BEGIN"] and other.take() == b""
+    assert net.pool().stats.session_synced == 1
+
+
+def test_a_copy_from_stdin_keeps_the_server_until_its_ready_for_query(fake_pooler: Any) -> None:
+    net = fake_pooler()
+    client, server = net.client_with_server()
+    client.send(m.query("COPY t FROM STDIN"))
+    server.send(m.message(ord("G"), b"\x00\x00\x01\x00\x00"))  # CopyInResponse, one column
+    copy_data = m.message(m.COPY_DATA, b"1\n") + m.message(m.COPY_DATA, b"2\n")
+    client.send(copy_data, m.message(m.COPY_DONE))
+    assert server.take() == m.query("COPY t FROM STDIN") + copy_data + m.message(m.COPY_DONE)
+    assert server.state is ServerState.ACTIVE
+    server.send(command("COPY 2"))
+    assert kinds(client.take()) == "GCZ"
+    assert server.state is ServerState.IDLE and net.pool().stats.xact_count == 1
