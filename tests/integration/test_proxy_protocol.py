@@ -315,3 +315,18 @@ def test_a_reload_changes_the_sources_for_new_connections(pooler: Callable[..., 
         assert wait_for(plain_login, 10)
         # The connection made before the reload goes on.
         assert raw.simple_query("SELECT 1")[0] == [["1"]]
+
+
+def test_set_checks_and_changes_the_sources(pooler: Callable[..., Pooler]) -> None:
+    p = pooler(TRUST)
+    with psycopg.connect(host=str(p.ini_path.parent), port=p.port, user=ADMIN_USER,
+                         password=ADMIN_PASSWORD, dbname="pgbouncer", autocommit=True,
+                         prepare_threshold=None, connect_timeout=5) as admin:
+        with pytest.raises(psycopg.Error, match="SET failed"):
+            admin.execute("SET proxy_protocol_sources = '10.0.0.0/8, balancer.example'")
+        admin.execute("SET proxy_protocol_sources = '127.0.0.0/8'")
+        with RawClient(p.host, p.port) as raw:
+            raw.send(proxy_v1(CLIENT, ("127.0.0.1", p.port)))
+            assert raw.login(APP_USER, "app", application_name="after-set").error is None
+            assert client_row(p, application_name="after-set")["addr"] == CLIENT[0]
+    assert "not an IP address or network: 'balancer.example'" in p.log()
