@@ -8,6 +8,7 @@ which key takes which, and names the file, line and key in its errors.
 from __future__ import annotations
 
 import re
+from ipaddress import IPv4Network, IPv6Network, ip_network
 
 # What `*_tls_protocols` may name (libtls's syntax): keywords or a list of versions.
 TLS_PROTOCOL_WORDS = ("all", "secure", "default", "legacy")
@@ -86,6 +87,19 @@ def parse_bool(text: str) -> bool:
 
 def parse_list(text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def parse_networks(items: tuple[str, ...]) -> tuple[IPv4Network | IPv6Network, ...]:
+    """Addresses and networks (`10.0.0.0/8`, `192.0.2.7`, `2001:db8::/32`) as ipaddress
+    networks; a bare address is a network of one. Host bits set are allowed (`10.1.2.3/8`
+    is 10.0.0.0/8), as in pg_hba.conf. ValueError names the item that is neither."""
+    networks = []
+    for item in items:
+        try:
+            networks.append(ip_network(item, strict=False))
+        except ValueError:
+            raise ValueError(f"not an IP address or network: {item!r}") from None
+    return tuple(networks)
 
 
 def parse_connstring(text: str) -> dict[str, str]:

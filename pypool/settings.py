@@ -35,6 +35,7 @@ from .ini_values import parse_duration as parse_duration
 from .ini_values import parse_int as parse_int
 from .ini_values import parse_list as parse_list
 from .ini_values import parse_mode as parse_mode
+from .ini_values import parse_networks as parse_networks
 from .libpq_url import parse_libpq_url
 from .pooling import policies
 
@@ -156,6 +157,12 @@ class PoolerSettings:
     ignore_startup_parameters: tuple[str, ...] = ()
     track_extra_parameters: tuple[str, ...] = ()
     application_name_add_host: bool = False
+    # pypool's own (PgBouncer has no PROXY protocol, its issue #241): the load balancers,
+    # as addresses and networks, whose TCP connections open with a PROXY protocol header
+    # (v1 or v2) naming the real client; from them the header is required, from anyone
+    # else refused. Empty: off, no connection is read for a header. Taken at each new
+    # connection, so RELOAD and SET change it for the next ones (docs/operating.md).
+    proxy_protocol_sources: tuple[str, ...] = ()
     max_packet_size: int = 2147483647
     pkt_buf: int = 4096
     so_reuseport: bool = False
@@ -386,6 +393,8 @@ def _check(key: str, value: object) -> None:
         raise ValueError(f"must be one of {', '.join(SSLMODES)}, not {value!r}")
     elif key.endswith("_tls_protocols"):
         check_tls_protocols(str(value))
+    elif key == "proxy_protocol_sources" and isinstance(value, tuple):
+        parse_networks(value)
 
 
 def parse_value(key: str, text: str) -> object:

@@ -5,6 +5,10 @@ sent, it yields the bytes to answer; see there), with two plain steps between th
 they decide is the pooler's answer to the client; what comes next (the auth_file or
 auth_query lookup, the pool, the welcome) the adapter, net/client.py, asks the pooler for.
 
+0. `read_proxy_header`, only with proxy_protocol_sources set and only over TCP: before
+   anything else, the PROXY protocol header a trusted balancer must send
+   (protocol/proxy_header.py), or, from any other peer, a check that none comes. It
+   returns `Proxied`, with what the client sent after the header for `read_startup`.
 1. `read_startup`: the untyped first packets. An SSLRequest is answered 'S' when the
    connection's `StartupTls` offers TLS, and it returns `StartTls`: the adapter does the
    handshake and reads on with a new `read_startup`, `active` set. Else 'N', as is every
@@ -33,10 +37,12 @@ Never here: sockets, the event loop, the pooler's objects, logging.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from ipaddress import IPv4Network, IPv6Address, IPv6Network, ip_address
 from typing import Final
 
 from ..auth.md5 import is_md5_hash, md5_hash, md5_response
@@ -51,11 +57,18 @@ from ..auth.scram import (
     ScramVerifier,
     verifier_for_password,
 )
+from ..ini_values import parse_networks
 from ..pooling.params import canonical_name
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..protocol.framing import HEADER_SIZE, FramingError, MessageBuffer, MessageTooLarge
+from ..protocol.proxy_header import (
+    ProxyHeader,
+    ProxyHeaderError,
+    looks_like_proxy_header,
+    parse_proxy_header,
+)
 from ..protocol.startup import (
     MAX_AUTH_MESSAGE,
     PROTOCOL_3_0,
@@ -76,6 +89,63 @@ _PLAIN_STARTUP_KEYS: Final = frozenset({"user", "database", "replication"})
 CLEARTEXT: Final = "cleartext"
 MD5: Final = "md5"
 SCRAM: Final = "scram"
+
+
+# --- 0. the PROXY protocol header ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Proxied:
+    """What `read_proxy_header` ended with: the header (None from a peer that is not a
+    trusted balancer, which sent none), and the bytes after it, the startup packet's."""
+
+    header: ProxyHeader | None
+    rest: bytes
+
+
+def trusted_proxy(address: str, sources: tuple[str, ...]) -> bool:
+    """Whether a TCP peer at `address` is one of proxy_protocol_sources (an IPv4 peer seen
+    on an IPv6 socket, ::ffff:a.b.c.d, counts as a.b.c.d)."""
+    try:
+        ip = ip_address(address)
+    except ValueError:
+        return False
+    if isinstance(ip, IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return any(ip in network for network in _networks(sources))
+
+
+@functools.lru_cache(maxsize=4)
+def _networks(sources: tuple[str, ...]) -> tuple[IPv4Network | IPv6Network, ...]:
+    return parse_networks(sources)  # checked when the setting was read
+
+
+def read_proxy_header(trusted: bool) -> Generator[bytes, bytes, Proxied]:
+    """From a `trusted` peer (in proxy_protocol_sources), the PROXY header it must open
+    with; a connection without one is refused. From any other peer, the connection must not
+    open with one: a header there could name any address, so it is refused rather than
+    believed (and rather than read as a bad startup packet, which would hide why)."""
+    buffer = bytearray()
+    opens = looks_like_proxy_header(buffer)
+    while opens is None:
+        buffer += yield b""
+        opens = looks_like_proxy_header(buffer)
+    if not trusted:
+        if opens:
+            raise errors.ClientProtocolError(
+                "PROXY protocol header from an address not in proxy_protocol_sources")
+        return Proxied(None, bytes(buffer))
+    if not opens:
+        raise errors.ClientProtocolError(
+            "no PROXY protocol header from a proxy_protocol_sources address")
+    while True:
+        try:
+            header = parse_proxy_header(buffer)
+        except ProxyHeaderError as bad:
+            raise errors.ClientProtocolError(str(bad)) from None
+        if isinstance(header, ProxyHeader):
+            return Proxied(header, bytes(buffer[header.size:]))
+        buffer += yield b""
 
 
 # --- 1. the startup packet -----------------------------------------------------------------

@@ -2,11 +2,13 @@
 
 The exchanges themselves are sans-IO generators (core/client_login.py: the startup packet,
 then the cleartext, md5, SCRAM-SHA-256 or SCRAM-SHA-256-PLUS password exchange). This is the
-glue that feeds them the client's bytes, starts TLS when the startup exchange asks for it
-(net/tls.py), asks the pooler for the user's secret (`begin_authentication`, which may run
-auth_query first), and sends the welcome once the pool is ready: AuthenticationOk,
-ParameterStatus, BackendKeyData, ReadyForQuery. What the client sends meanwhile is held,
-bounded, and relayed after the welcome. It owns the login's state and nothing after it.
+glue that feeds them the client's bytes (after a load balancer's PROXY protocol header, when
+proxy_protocol_sources names the peer: its client's address becomes the client's), starts
+TLS when the startup exchange asks for it (net/tls.py), asks the pooler for the user's
+secret (`begin_authentication`, which may run auth_query first), and sends the welcome once
+the pool is ready: AuthenticationOk, ParameterStatus, BackendKeyData, ReadyForQuery. What
+the client sends meanwhile is held, bounded, and relayed after the welcome. It owns the
+login's state and nothing after it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from .. import PGBOUNCER_VERSION
 from ..core import client_login
-from ..core.client_login import Authenticated, FirstPacket, StartTls, StartupTls
+from ..core.client_login import Authenticated, FirstPacket, Proxied, StartTls, StartupTls
 from ..core.exchange import advance
 from ..core.states import ClientEvent, ClientState
 from ..pooling import prepared
@@ -52,10 +54,10 @@ class ClientLogin:
 
     def __init__(self, client: ClientConnection) -> None:
         self.client = client
-        # The startup packet's exchange (made by connected(); None once it has returned),
-        # what the client sends between its StartupMessage and start_auth(), then the
-        # password exchange.
-        self._startup: Generator[bytes, bytes, FirstPacket | StartTls] | None = None
+        # The startup packet's exchange (made by connected(), after the PROXY header's when
+        # there is one; None once it has returned), what the client sends between its
+        # StartupMessage and start_auth(), then the password exchange.
+        self._startup: Generator[bytes, bytes, FirstPacket | StartTls | Proxied] | None = None
         self._buffer = b""
         self._auth: Generator[bytes, bytes, Authenticated] | None = None
         # The tls-server-end-point data SCRAM-SHA-256-PLUS binds to (TLS only).
@@ -97,10 +99,38 @@ class ClientLogin:
             restore, self.adopting = self.adopting, None
             restore()
             return
-        over_unix_socket = client.peer[0] == "unix"
-        startup_tls = client.pooler.tls.client.startup(over_unix_socket=over_unix_socket)
+        sources = settings.proxy_protocol_sources
+        if sources and client.peer[0] != "unix":
+            # Only at connect: with no sources, not a byte is read differently.
+            self._startup = client_login.read_proxy_header(
+                client_login.trusted_proxy(client.peer[0], sources))
+            next(self._startup)
+            return
+        self._read_startup()
+
+    def _read_startup(self) -> None:
+        over_unix_socket = self.client.peer[0] == "unix"
+        startup_tls = self.client.pooler.tls.client.startup(over_unix_socket=over_unix_socket)
         self._startup = client_login.read_startup(startup_tls)
         next(self._startup)
+
+    def _proxied(self, proxied: Proxied) -> None:
+        """The PROXY header is read (or, from a peer that is no balancer, known absent):
+        the address it names is the client's from now on (SHOW CLIENTS, the log, hba,
+        application_name_add_host); then the startup packets, TLS included, as usual."""
+        client = self.client
+        header = proxied.header
+        if header is not None:
+            if header.source is not None:
+                log.debug("%r: PROXY v%d header: client %s:%d", client, header.version,
+                          *header.source)
+                client.peer = (sys.intern(header.source[0]), header.source[1])
+            else:
+                log.debug("%r: PROXY v%d header naming no client (LOCAL or UNKNOWN)",
+                          client, header.version)
+        self._read_startup()
+        if proxied.rest:
+            self.startup_data(proxied.rest)
 
     def startup_data(self, data: bytes) -> None:
         client = self.client
@@ -121,6 +151,9 @@ class ClientLogin:
         if first is None:
             return
         self._startup = None  # done: an idle client keeps no finished generator
+        if isinstance(first, Proxied):
+            self._proxied(first)
+            return
         if isinstance(first, StartTls):
             self._handshaking = True
             self._start_tls(first.hello)
