@@ -12,7 +12,7 @@ sent and returns the bytes to send on to its server (or to keep until one is ass
   knows what the client is owed and so when its server may go back to the pool.
 - Session state. When `watch` is on (transaction mode, session_state follow or reject),
   each simple Query and Parse is read whole and its text's first byte(s) looked at
-  (pooling/session_state.py), except a Parse identical to the last one that changed
+  (pooling/session_state/), except a Parse identical to the last one that changed
   nothing; the few that pass are classified. What they change is left in
   `changes` for the caller; with `reject` the statement is replaced by one that fails in its
   place (`refused` names it).
