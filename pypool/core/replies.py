@@ -58,7 +58,7 @@ _DATA_ROW: Final = m.DATA_ROW
 _COPY_DATA: Final = m.COPY_DATA
 _TX_IDLE: Final = m.TX_IDLE
 # Reported settings no SET can give a client back: they follow it, if at all, through the
-# statements that made them (pooling/session_state/: SET SESSION AUTHORIZATION).
+# statements that made them (pooling/session_state.py: SET SESSION AUTHORIZATION).
 _NOT_SETTABLE: Final = frozenset({"is_superuser", "session_authorization", "server_version",
                                   "server_encoding", "integer_datetimes", "in_hot_standby"})
 

@@ -79,7 +79,7 @@ class ClientRecord(ReadingSwitch):
         # = 0, the admin console).
         self.statements: prepared.ClientStatements | None = None
         # The session state that follows or pins it (transaction mode, session_state =
-        # follow; pooling/session_state/). Made when first needed (`session_record` below):
+        # follow; pooling/session_state.py). Made when first needed (`session_record` below):
         # None until then, and always when it is not looked at. 10,000 idle
         # clients that never SET anything hold no record.
         self.session: ss.ClientSession | None = None

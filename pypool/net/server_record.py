@@ -72,7 +72,7 @@ class ServerRecord(ReadingSwitch):
         self.reader = replies.ReplyReader(self.statements, pool.stats)
         self.backend = self.reader.backend
         self.params = self.reader.params
-        # The settings clients made here that follow them (pooling/session_state/): name ->
+        # The settings clients made here that follow them (pooling/session_state.py): name ->
         # the statement that made it, None when unsure. Undone before anyone else runs here.
         self.session_sets: dict[bytes, bytes | None] = {}
         self.close_reason = ""
