@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -102,6 +102,32 @@ def _columns(rows: show.ResultSet) -> Iterator[dict[str, Any]]:
 
 def _label(value: Any) -> str:
     return "" if value is None else str(value)
+
+
+# The per-pool counters: the metric (pypool_<name>), the view's counter, its scale and
+# the help text.
+POOL_COUNTERS: Final = (
+    ("server_assignments", "server_assignment_count", 1, "Servers handed to clients"),
+    ("transactions", "xact_count", 1, "Transactions completed"),
+    ("queries", "query_count", 1, "Queries completed"),
+    ("query_seconds", "query_time_us", 1e-6, "Seconds spent running queries"),
+    ("received_bytes", "bytes_received", 1, "Bytes received from clients"),
+    ("sent_bytes", "bytes_sent", 1, "Bytes sent to clients"),
+    ("prepared_statement_hits", "prepared_hits", 1,
+     "Prepared statements found already parsed on the server"),
+    ("prepared_statement_misses", "prepared_misses", 1,
+     "Prepared statements parsed on a server before use"),
+    ("prepared_statement_evictions", "prepared_evictions", 1,
+     "Prepared statements closed to stay under max_prepared_statements"),
+    ("pipelined_transactions", "pipelined_count", 1,
+     "Transactions queued on a busy server behind another client's (pipeline_depth)"),
+    ("session_pinned_clients", "session_pinned", 1,
+     "Clients pinned to their server by session state (session_state = follow)"),
+    ("session_refused_statements", "session_refused", 1,
+     "Statements that change session state refused (session_state = reject)"),
+    ("session_synced_links", "session_synced", 1,
+     "Links that first made or undid settings following their clients"),
+)
 
 
 class PoolerCollector(Collector):
@@ -216,29 +242,7 @@ class PoolerCollector(Collector):
         yield servers
         yield size
 
-        counters = (
-            ("server_assignments", "server_assignment_count", 1, "Servers handed to clients"),
-            ("transactions", "xact_count", 1, "Transactions completed"),
-            ("queries", "query_count", 1, "Queries completed"),
-            ("query_seconds", "query_time_us", 1e-6, "Seconds spent running queries"),
-            ("received_bytes", "bytes_received", 1, "Bytes received from clients"),
-            ("sent_bytes", "bytes_sent", 1, "Bytes sent to clients"),
-            ("prepared_statement_hits", "prepared_hits", 1,
-             "Prepared statements found already parsed on the server"),
-            ("prepared_statement_misses", "prepared_misses", 1,
-             "Prepared statements parsed on a server before use"),
-            ("prepared_statement_evictions", "prepared_evictions", 1,
-             "Prepared statements closed to stay under max_prepared_statements"),
-            ("pipelined_transactions", "pipelined_count", 1,
-             "Transactions queued on a busy server behind another client's (pipeline_depth)"),
-            ("session_pinned_clients", "session_pinned", 1,
-             "Clients pinned to their server by session state (session_state = follow)"),
-            ("session_refused_statements", "session_refused", 1,
-             "Statements that change session state refused (session_state = reject)"),
-            ("session_synced_links", "session_synced", 1,
-             "Links that first made or undid settings following their clients"),
-        )
-        for name, field, scale, text in counters:
+        for name, field, scale, text in POOL_COUNTERS:
             family = CounterMetricFamily(f"pypool_{name}", text, labels=POOL_LABELS)
             for pool in pools:
                 family.add_metric([pool.database, pool.user], pool.counters[field] * scale)

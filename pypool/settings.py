@@ -11,7 +11,9 @@ place (DNS, syslog, ...) are accepted, with a warning when set away from their d
 whose being ignored would mislead the operator are refused unless set to the value that
 leaves them off: the few `NOT_YET_IMPLEMENTED` keys. The TLS keys are checked here for their
 syntax; whether their files and cipher lists make a working context is net/tls.py's to say.
-How each kind of value is spelt (durations, booleans, connection strings) is ini_values.py's.
+How each kind of value is spelt (durations, booleans, connection strings) is ini_values.py's;
+the keys' choices, the accepted-but-ignored and restart-only keys and the range and choice
+check are ini_keys.py's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,18 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .ini_keys import ACCEPTED_UNUSED_KEYS as ACCEPTED_UNUSED_KEYS
+from .ini_keys import AUTH_TYPES as AUTH_TYPES
+from .ini_keys import LOAD_BALANCE_HOSTS as LOAD_BALANCE_HOSTS
+from .ini_keys import NO_EFFECT as NO_EFFECT
+from .ini_keys import NOT_YET_IMPLEMENTED as NOT_YET_IMPLEMENTED
+from .ini_keys import POOL_MODES as POOL_MODES
+from .ini_keys import RESTART_ONLY_KEYS as RESTART_ONLY_KEYS
+from .ini_keys import SESSION_STATE_POLICIES as SESSION_STATE_POLICIES
+from .ini_keys import SSLMODES as SSLMODES
+from .ini_keys import TLS_KEYS as TLS_KEYS
+from .ini_keys import UNSUPPORTED_AUTH_TYPES as UNSUPPORTED_AUTH_TYPES
+from .ini_keys import check_value
 from .ini_values import BOUNDS as BOUNDS
 from .ini_values import MAX_INT as MAX_INT
 from .ini_values import TLS_PROTOCOL_WORDS as TLS_PROTOCOL_WORDS
@@ -35,56 +49,10 @@ from .ini_values import parse_duration as parse_duration
 from .ini_values import parse_int as parse_int
 from .ini_values import parse_list as parse_list
 from .ini_values import parse_mode as parse_mode
-from .ini_values import parse_networks as parse_networks
 from .libpq_url import parse_libpq_url
-from .pooling import policies
 
 log = logging.getLogger("pypool.settings")
 
-POOL_MODES = ("session", "transaction", "statement")
-# What transaction mode does with session state (docs/session-state.md).
-SESSION_STATE_POLICIES = ("follow", "reject", "ignore")
-AUTH_TYPES = ("scram-sha-256", "md5", "plain", "trust", "any", "peer", "cert", "hba")
-# PgBouncer's auth types that pypool refuses: pam needs a PAM stack.
-UNSUPPORTED_AUTH_TYPES = ("pam",)
-
-# The keys PgBouncer accepts that pypool parses but does not act on, accepted quietly.
-ACCEPTED_UNUSED_KEYS = frozenset(
-    """
-    max_packet_size_warn conffile service_name job_name
-    """.split()
-)
-
-# TLS (net/tls.py builds the contexts from these): the [pgbouncer] keys that configure it.
-TLS_KEYS = (
-    "client_tls_sslmode", "client_tls_key_file", "client_tls_cert_file", "client_tls_ca_file",
-    "client_tls_protocols", "client_tls_ciphers", "client_tls13_ciphers",
-    "client_tls_ecdhcurve", "client_tls_dheparams",
-    "server_tls_sslmode", "server_tls_ca_file", "server_tls_key_file", "server_tls_cert_file",
-    "server_tls_protocols", "server_tls_ciphers", "server_tls13_ciphers",
-)
-# libpq's sslmode values, weakest first (PgBouncer compares them by this order).
-SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
-
-
-# [pgbouncer] keys with a field but no effect yet, and why: only their default is accepted.
-NOT_YET_IMPLEMENTED: dict[str, str] = {
-    "pkt_buf": "pypool sizes its buffers itself",
-    "syslog": "pypool does not log to syslog; use logfile, or stderr under a log collector",
-    "disable_pqexec": "pypool does not refuse the simple query protocol",
-}
-
-# [pgbouncer] keys that are fields (SHOW CONFIG lists them, SET takes them) but change
-# nothing in pypool, and why that is right. docs/operating.md repeats this list.
-NO_EFFECT: dict[str, str] = {
-    "autodb_idle_timeout": "pools of `*` databases stay until their database is removed",
-    "syslog_ident": "no syslog", "syslog_facility": "no syslog",
-    "sbuf_loopcnt": "asyncio schedules the reads",
-    "tcp_defer_accept": "asyncio accepts at once",
-    "dns_max_ttl": "no DNS cache: every server connection resolves its host anew",
-    "dns_nxdomain_ttl": "no DNS cache", "dns_zone_check_period": "no DNS cache",
-    "resolv_conf": "the system resolver is used",
-}
 
 class SettingsError(Exception):
     """The configuration cannot be used; the message names the file, line and key."""
@@ -235,13 +203,6 @@ class PoolerSettings:
     resolv_conf: str = ""
 
 
-# Keys that only take effect at start (PgBouncer's CF_NO_RELOAD, plus pypool's listeners):
-# a reload keeps their old values and says so, and SET refuses them.
-RESTART_ONLY_KEYS = frozenset(
-    {"listen_addr", "listen_port", "pidfile", "logfile", "pkt_buf", "so_reuseport", "workers",
-     "track_extra_parameters", "metrics_addr", "metrics_port", "unix_socket_dir",
-     "unix_socket_mode", "unix_socket_group", "listen_backlog", "user", "peer_id"}
-)
 
 
 @dataclass(frozen=True)
@@ -356,7 +317,6 @@ _USER_KEYS: dict[str, str] = {  # [users] key -> its kind
     "idle_transaction_timeout": "duration", "client_idle_timeout": "duration",
     "query_wait_timeout": "duration",
 }
-LOAD_BALANCE_HOSTS = ("round-robin", "disable")
 
 
 # --- one value: parse and check -------------------------------------------------------------
@@ -364,37 +324,6 @@ LOAD_BALANCE_HOSTS = ("round-robin", "disable")
 _FIELDS = {f.name: f for f in dataclasses.fields(PoolerSettings)}
 _DEFAULTS = PoolerSettings()
 
-
-def _check(key: str, value: object) -> None:
-    """Raise ValueError if `value` is out of `key`'s range or choices (any section)."""
-    if isinstance(value, bool):
-        return
-    if isinstance(value, int):
-        low, high = BOUNDS.get(key, (0, MAX_INT))
-        if not low <= value <= high:
-            # Name the bound crossed (a key without an upper bound of its own has C's).
-            allowed = (f"between {low} and {high}" if high != MAX_INT
-                       else f">= {low}" if value < low else f"<= {high}")
-            raise ValueError(f"must be {allowed}, not {value}")
-    elif key == "pool_mode" and value not in POOL_MODES:
-        raise ValueError(f"must be one of {', '.join(POOL_MODES)}, not {value!r}")
-    elif key == "session_state" and value not in SESSION_STATE_POLICIES:
-        raise ValueError(f"must be one of {', '.join(SESSION_STATE_POLICIES)}, not {value!r}")
-    elif key == "queue_policy":
-        policies.queue_factory(str(value))
-    elif key == "server_policy":
-        policies.server_factory(str(value))
-    elif key == "queue_priority":
-        policies.parse_priority(str(value))
-    elif key == "auth_type" and value not in AUTH_TYPES:
-        unsupported = " (not supported yet)" if value in UNSUPPORTED_AUTH_TYPES else ""
-        raise ValueError(f"must be one of {', '.join(AUTH_TYPES)}, not {value!r}{unsupported}")
-    elif key.endswith("_sslmode") and value not in SSLMODES:
-        raise ValueError(f"must be one of {', '.join(SSLMODES)}, not {value!r}")
-    elif key.endswith("_tls_protocols"):
-        check_tls_protocols(str(value))
-    elif key == "proxy_protocol_sources" and isinstance(value, tuple):
-        parse_networks(value)
 
 
 def parse_value(key: str, text: str) -> object:
@@ -418,7 +347,7 @@ def parse_value(key: str, text: str) -> object:
         value = text.lower()
     else:
         value = text
-    _check(key, value)
+    check_value(key, value)
     if key in NOT_YET_IMPLEMENTED and value != getattr(_DEFAULTS, key):
         raise NotSupported(f"{NOT_YET_IMPLEMENTED[key]}; remove it or set it to its default, "
                            f"{getattr(_DEFAULTS, key)}")
@@ -482,7 +411,7 @@ def _database_entry(name: str, text: str, where: str) -> DatabaseEntry:
                 raise ValueError(f"must be one of {', '.join(LOAD_BALANCE_HOSTS)}, not {value!r}")
             else:
                 values[key] = value
-            _check(key, values[key])
+            check_value(key, values[key])
         except ValueError as exc:
             raise SettingsError(f"{where}: database {name!r}: {key}: {exc}") from None
     if "host" in values and str(values["host"]).startswith("/"):
@@ -511,7 +440,7 @@ def _user_entry(name: str, text: str, where: str) -> UserEntry:
             else:
                 log.warning("%s: user %r: unknown key %r ignored", where, name, key)
                 continue
-            _check(key, values[key])
+            check_value(key, values[key])
         except ValueError as exc:
             raise SettingsError(f"{where}: user {name!r}: {key}: {exc}") from None
     return UserEntry(**values)  # type: ignore[arg-type]
@@ -537,7 +466,7 @@ def _peer_entry(name: str, text: str, where: str) -> PeerEntry:
             elif key in ("port", "pool_size"):
                 values[key] = parse_int(value)
                 if key == "port":
-                    _check(key, values[key])
+                    check_value(key, values[key])
             else:
                 raise ValueError("unrecognized connection parameter (host, port, pool_size)")
         except ValueError as exc:

@@ -12,7 +12,7 @@ sent and returns the bytes to send on to its server (or to keep until one is ass
   knows what the client is owed and so when its server may go back to the pool.
 - Session state. When `watch` is on (transaction mode, session_state follow or reject),
   each simple Query and Parse is read whole and its text's first byte(s) looked at
-  (pooling/session_state.py), except a Parse identical to the last one that changed
+  (pooling/session_state/), except a Parse identical to the last one that changed
   nothing; the few that pass are classified. What they change is left in
   `changes` for the caller; with `reject` the statement is replaced by one that fails in its
   place (`refused` names it).
@@ -114,44 +114,15 @@ class RequestReader:
         with no server, or when nothing is rewritten); `linked`: a server is linked."""
         self.began = False
         self.segment_end = 0
-        if self.blocked:
-            self.partial += data
-            return b""
-        if self.partial:
-            # An incomplete message waits for its end: gather the pieces, and walk them
-            # only once it is whole (a 64 MiB Bind arrives in thousands of reads).
-            partial = self.partial
-            partial += data
-            if len(partial) < self.need:
-                return b""
-            data = bytes(partial)
-            partial.clear()
-            self.need = 0
-        if self.drop:
-            if len(data) <= self.drop:
-                self.drop -= len(data)
-                return b""
-            data = data[self.drop :]
-            self.drop = 0
-        n = len(data)
-        pos = self.skip
-        if pos >= n:
-            self.skip = pos - n
+        data, pos = self._resume(data)
+        if pos < 0:
             return data
-        self.skip = 0
         ledger = self.ledger
         if pos == 0 and self.rewriting and not ledger.unsynced:
-            # The steady state of libpq-style drivers: one whole Bind, Describe, Execute,
-            # Sync of a prepared statement, done in one step (ServerStatements.bind_segment).
-            bind_end = prepared.driver_segment(data)
-            if 13 <= bind_end <= self.max_packet:
-                fast = data if st is None else st.bind_segment(data, bind_end)
-                if fast is not None:
-                    self.began = not ledger.pending
-                    ledger.request(_SYNC)
-                    if st is None:
-                        self.segment_end = bind_end
-                    return fast
+            fast = self._driver_segment(data, st)
+            if fast is not None:
+                return fast
+        n = len(data)
         was_idle = ledger.idle()
         admin = self.admin
         max_packet = self.max_packet
@@ -166,36 +137,21 @@ class RequestReader:
         while n - pos >= 5:
             kind = data[pos]
             size = be32(data, pos + 1) + 1
-            if size < 5 or size > max_packet:
-                self.error = errors.ClientProtocolError(f"invalid packet length {size - 1}")
-                return self._ending(done, data, pos, parts, start)
             action = _ACTION[kind]
-            if action == 0:
-                # Refused at its header, as PostgreSQL does, never waited for: a
-                # StartupMessage sent again reads as type 0 with a length of thousands.
-                self.error = errors.ClientProtocolError(f"unsupported pkt type: {kind}")
+            if size < 5 or size > max_packet or action == 0:
+                self.error = _bad_header(kind, size, max_packet)
                 return self._ending(done, data, pos, parts, start)
             found: list[ss.Command] | None = None
             if watch and (kind == _QUERY or kind == _PARSE):
                 end = pos + size
                 if end > n:
                     break  # read whole: its text may change session state
-                if kind == _PARSE and self.last_plain_parse and (
-                        data[pos:end] == self.last_plain_parse):
-                    found = None  # the same Parse again (an ORM's, pgbench -M extended's)
-                else:
-                    found = ss.look(kind, data, pos, end)
-                    if kind == _PARSE and not found:
-                        self.last_plain_parse = data[pos:end]
-                if found:
-                    refused = next((c for c in found if c.kind in ss.CREATES), None)
-                    if refused is not None and self.reject:
-                        # Failed in its place by PostgreSQL: the statement itself never runs.
-                        new = ss.refused_message(kind, data, pos, end,
-                                                 ss.refusal(refused, self.reject))
+                found = self._look(kind, data, pos, end)
+                if found and self.reject:
+                    new = self._refusal(found, kind, data, pos, end)
+                    if new:  # failed in its place by PostgreSQL: the statement never runs
                         data = data[:pos] + new + data[end:]
                         n, size, found = len(data), len(new), None
-                        self.refused.append(refused)
             if rewriting:
                 end = pos + size
                 if end > n and (st is None or _WHOLE[kind] or st.discarding):
@@ -205,8 +161,7 @@ class RequestReader:
                     try:
                         out = st.from_client(kind, data, pos, end)
                     except (ValueError, IndexError):
-                        self.error = errors.ClientProtocolError(
-                            f"malformed message of type {chr(kind)!r}")
+                        self.error = _malformed(kind)
                         return self._ending(done, data, pos, parts, start)
                     if out is not None:
                         if out is prepared.WAIT:
@@ -222,26 +177,17 @@ class RequestReader:
                 ledger.segment()
             elif action == _OWES_READY:
                 ledger.request(kind)
-            elif action == _FLUSH or action == _COPY_MESSAGE:
-                # Flush asks for pending output and owes no reply of its own: it must not
-                # pin a server (psycopg's pipeline sends one after its Sync). With nothing
-                # owed and no server, it is dropped rather than take a server for nothing.
-                # CopyData/CopyDone/CopyFail when nothing is owed belong to a COPY that
-                # already failed: PostgreSQL would ignore them, and no reply will come.
-                if action == _FLUSH:
-                    drop = not linked and ledger.idle() and size == 5
-                else:
-                    drop = not ledger.copy_message(kind)
-                if drop:
-                    if pos:
-                        done.append(_rewritten(data, pos, parts, start))
-                    end = pos + size
-                    if end > n:
-                        self.drop = end - n
-                        return b"".join(done)
-                    data = data[end:]
-                    n, pos, parts, start = len(data), 0, [], 0
-                    continue
+            elif (action == _FLUSH or action == _COPY_MESSAGE) and self._dropped(
+                    action, kind, size, linked):
+                if pos:
+                    done.append(_rewritten(data, pos, parts, start))
+                end = pos + size
+                if end > n:
+                    self.drop = end - n
+                    return b"".join(done)
+                data = data[end:]
+                n, pos, parts, start = len(data), 0, [], 0
+                continue
             elif action == _TERMINATE:
                 self.terminated = True
                 return self._ending(done, data, pos, parts, start)
@@ -249,6 +195,93 @@ class RequestReader:
                 self.error = PoolerError("extended query protocol not supported by admin console")
                 return b""
             pos += size
+        return self._finish(data, pos, parts, start, done, was_idle)
+
+    def _resume(self, data: bytes) -> tuple[bytes, int]:
+        """A read where the last one left off: the bytes to walk and where the next header
+        is in them, or (what to return at once, -1) when the read ends there."""
+        if self.blocked:
+            self.partial += data
+            return b"", -1
+        if self.partial:
+            # An incomplete message waits for its end: gather the pieces, and walk them
+            # only once it is whole (a 64 MiB Bind arrives in thousands of reads).
+            partial = self.partial
+            partial += data
+            if len(partial) < self.need:
+                return b"", -1
+            data = bytes(partial)
+            partial.clear()
+            self.need = 0
+        if self.drop:
+            if len(data) <= self.drop:
+                self.drop -= len(data)
+                return b"", -1
+            data = data[self.drop :]
+            self.drop = 0
+        n = len(data)
+        pos = self.skip
+        if pos >= n:
+            self.skip = pos - n
+            return data, -1
+        self.skip = 0
+        return data, pos
+
+    def _driver_segment(self, data: bytes, st: ServerStatements | None) -> bytes | None:
+        """The steady state of libpq-style drivers: one whole Bind, Describe, Execute, Sync
+        of a prepared statement, done in one step (ServerStatements.bind_segment). None
+        when `data` is not one."""
+        bind_end = prepared.driver_segment(data)
+        if 13 <= bind_end <= self.max_packet:
+            fast = data if st is None else st.bind_segment(data, bind_end)
+            if fast is not None:
+                ledger = self.ledger
+                self.began = not ledger.pending
+                ledger.request(_SYNC)
+                if st is None:
+                    self.segment_end = bind_end
+                return fast
+        return None
+
+    def _look(self, kind: int, data: bytes, pos: int, end: int) -> list[ss.Command] | None:
+        """What the whole Query or Parse at data[pos:end] changes of the session state."""
+        if kind == _PARSE and self.last_plain_parse and (
+                data[pos:end] == self.last_plain_parse):
+            return None  # the same Parse again (an ORM's, pgbench -M extended's)
+        found = ss.look(kind, data, pos, end)
+        if kind == _PARSE and not found:
+            self.last_plain_parse = data[pos:end]
+        return found
+
+    def _refusal(self, found: list[ss.Command], kind: int, data: bytes, pos: int,
+                 end: int) -> bytes:
+        """session_state = reject: the message that fails in place of the Query or Parse at
+        data[pos:end] when one of its changes makes state (`refused` names it); b"" when
+        they only clear some."""
+        refused = next((c for c in found if c.kind in ss.CREATES), None)
+        if refused is None:
+            return b""
+        new = ss.refused_message(kind, data, pos, end, ss.refusal(refused, self.reject))
+        self.refused.append(refused)
+        return new
+
+    def _dropped(self, action: int, kind: int, size: int, linked: bool) -> bool:
+        """Whether a Flush or a COPY message is dropped instead of passed on.
+
+        Flush asks for pending output and owes no reply of its own: it must not pin a
+        server (psycopg's pipeline sends one after its Sync). With nothing owed and no
+        server, it is dropped rather than take a server for nothing. CopyData, CopyDone and
+        CopyFail when nothing is owed belong to a COPY that already failed: PostgreSQL would
+        ignore them, and no reply will come."""
+        if action == _FLUSH:
+            return not linked and self.ledger.idle() and size == 5
+        return not self.ledger.copy_message(kind)
+
+    def _finish(self, data: bytes, pos: int, parts: list[bytes], start: int,
+                done: list[bytes], was_idle: bool) -> bytes:
+        """The end of a read walked up to `pos`: what comes after it waits (a message's
+        start) or is skipped (the rest of one passed on), and the bytes for the server."""
+        n = len(data)
         if pos > n:
             self.skip = pos - n
         elif pos < n:
@@ -257,7 +290,7 @@ class RequestReader:
             self.need = (be32(data, pos + 1) + 1
                          if n - pos >= 5 else 5)
             data = data[:pos]
-        self.began = was_idle and not ledger.idle()
+        self.began = was_idle and not self.ledger.idle()
         if parts:
             if start < len(data):
                 parts.append(data[start:])
@@ -293,8 +326,7 @@ class RequestReader:
                 try:
                     out = st.from_client(kind, data, pos, end)
                 except (ValueError, IndexError):
-                    self.error = errors.ClientProtocolError(
-                        f"malformed message of type {chr(kind)!r}")
+                    self.error = _malformed(kind)
                     n = pos
                     break
                 if out is not None:
@@ -318,3 +350,18 @@ def _rewritten(data: bytes, pos: int, parts: list[bytes], start: int) -> bytes:
     if not parts:
         return data[:pos]
     return b"".join(parts) + data[start:pos]
+
+
+
+def _bad_header(kind: int, size: int, max_packet: int) -> PoolerError:
+    """The error for a message header the reader refuses: a length out of bounds, or a type
+    refused at its header, as PostgreSQL does, never waited for (a StartupMessage sent again
+    reads as type 0 with a length of thousands)."""
+    if size < 5 or size > max_packet:
+        return errors.ClientProtocolError(f"invalid packet length {size - 1}")
+    return errors.ClientProtocolError(f"unsupported pkt type: {kind}")
+
+
+def _malformed(kind: int) -> PoolerError:
+    """The error for a message the rewriting could not read."""
+    return errors.ClientProtocolError(f"malformed message of type {chr(kind)!r}")

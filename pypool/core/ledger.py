@@ -88,7 +88,7 @@ class FrontendLedger:
         self.syncs_in_copy = 0  # Syncs sent during copy-in after CopyData, not counted
         self.copy_data_sent = False  # CopyData sent since the last ReadyForQuery
         self.doubtful = False
-        self.errors = 0  # ErrorResponses the server sent it (pooling/session_state.py)
+        self.errors = 0  # ErrorResponses the server sent it (pooling/session_state/)
 
     def idle(self) -> bool:
         """Owed nothing: the server could serve someone else (given ReadyForQuery 'I')."""

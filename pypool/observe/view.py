@@ -183,7 +183,7 @@ class ClientInfo:
     prepared_statements: int
     fd: int = -1  # its socket's file descriptor (SHOW FDS), -1 once closed
     tls: str = ""  # PgBouncer's `tls` column: TLSv1.3/TLS_AES_256_GCM_SHA384, "" plaintext
-    pinned: str = ""  # why it keeps its server after its transactions (session_state.py)
+    pinned: str = ""  # why it keeps its server after its transactions (pooling/session_state/)
     replication: str = "none"  # "physical", "logical" for a replication client
 
 

@@ -63,96 +63,123 @@ def sweep(pooler: Pooler) -> None:
                     client.fail(errors.shutting_down())
         user_entry = pooler.settings.users.get(pool.user)
         # [users] timeouts win over [pgbouncer]'s, 0 too (it turns one off for that user).
-        xact_timeout = _user_value(user_entry, "transaction_timeout", cfg.transaction_timeout)
         query_timeout = _user_value(user_entry, "query_timeout", cfg.query_timeout)
-        idle_xact_timeout = _user_value(user_entry, "idle_transaction_timeout",
-                                        cfg.idle_transaction_timeout)
-        if query_timeout:
-            # As PgBouncer: a query's time counts while it waits for a server too
-            # ("query_timeout", its text for a client refused before it ran).
-            while pool.waiting and now - pool.waiting[0].wait_start > query_timeout:
-                pool.stats.count_error("query_timeout")
-                pool.waiting[0].fail(PoolerError("query_timeout"))
-        wait_timeout = pool.limits.query_wait_timeout
-        if wait_timeout:
-            while pool.waiting and now - pool.waiting[0].wait_start > wait_timeout:
-                pool.stats.count_error("query_wait_timeout")
-                pool.waiting[0].fail(PoolerError("query_wait_timeout"))
-            # Clients queued on a busy server's line whose turn has not come, past their
-            # deadline (net/pipeline.py: their guards keep the refusal true).
-            for server in [s for s in pool.active if s.chain]:
-                pipeline.refuse_overdue(pooler, server, now)
-        # Clients at login waiting for the pool's first server wait for a server too; and,
-        # as PgBouncer, their login is bounded by client_login_timeout (a server that cannot
-        # be reached leaves them waiting for retries otherwise, with the timeouts above 0).
-        for client in list(pool.awaiting_params):
-            waited = now - client.state_since
-            if query_timeout and waited > query_timeout:
-                expired, text = "query_timeout", "query_timeout"
-            elif wait_timeout and waited > wait_timeout:
-                expired, text = "query_wait_timeout", "query_wait_timeout"
-            elif cfg.client_login_timeout and now - client.connect_time > cfg.client_login_timeout:
-                expired, text = "client_login_timeout", "client_login_timeout (server down)"
-            else:
-                continue
-            pool.stats.count_error(expired)
-            client.fail(PoolerError(text))
-        if cfg.query_wait_notify:
-            # PgBouncer 1.25: tell a client queued this long why its query has not run.
-            for client in pool.waiting:
-                if now - client.wait_start <= cfg.query_wait_notify:
-                    break  # the queue is in arrival order
-                if not client.wait_notified and client.state is ClientState.WAITING:
-                    client.wait_notified = True
-                    client.write(m.notice_response(WAIT_NOTICE))
-        for server in list(pool.active):
-            # Its own name and type: compiled, a name keeps the type of its first use (the
-            # login loop's ClientConnection), and an active server may have no client.
-            linked: ClientConnection | None = server.client
-            if linked is None:
-                continue
-            client = linked
-            if not client.ledger.idle():
-                if query_timeout and now - client.query_start > query_timeout:
-                    server.close("query timeout")
-                    pool.stats.count_error("query_timeout")
-                    client.fail(PoolerError("query timeout"))
-            elif (
-                idle_xact_timeout
-                and client.tx_status != m.TX_IDLE
-                and now - client.state_since > idle_xact_timeout
-            ):
-                server.close("idle transaction timeout")
-                pool.stats.count_error("idle_transaction_timeout")
-                client.fail(PoolerError("idle transaction timeout"))
-            if client.state is ClientState.CLOSED:
-                continue
-            if xact_timeout and now - client.xact_start > xact_timeout and (
-                not client.ledger.idle() or client.tx_status != m.TX_IDLE
-            ):
-                server.close("transaction timeout")
-                pool.stats.count_error("transaction_timeout")
-                client.fail(PoolerError("transaction timeout"))
-        keep = pool.limits.min_pool_size
-        for server in list(pool.idle):
-            if len(pool.idle) + len(pool.active) <= keep:
-                break
-            idle_for = now - server.request_time
-            if (cfg.server_idle_timeout and idle_for > cfg.server_idle_timeout) or (
-                pool.limits.server_lifetime
-                and now - server.connect_time > pool.limits.server_lifetime
-            ):
-                # Through the one close path: out of the idle stack at once, so it is
-                # never handed out while closing, and the count above sees it gone.
-                pooler.close_server(server, "server idle timeout"
-                                  if idle_for > cfg.server_idle_timeout
-                                  else "server lifetime over")
+        _expire_waiting(pooler, pool, now, query_timeout)
+        _expire_active(pool, now, query_timeout,
+                       _user_value(user_entry, "idle_transaction_timeout",
+                                   cfg.idle_transaction_timeout),
+                       _user_value(user_entry, "transaction_timeout", cfg.transaction_timeout))
+        _close_idle_servers(pooler, pool, now)
         if pool.removed and not pool.clients:
             _drop_removed(pooler, pool)
             continue
         if cfg.pool_idle_timeout and _forget_if_unused(pooler, pool, now, cfg.pool_idle_timeout):
             continue
         pooler.launch_servers(pool)
+    _expire_idle_clients(pooler, now)
+
+
+def _expire_waiting(pooler: Pooler, pool: Pool, now: float, query_timeout: float) -> None:
+    """The clients of `pool` that wait for a server: query_timeout, query_wait_timeout,
+    client_login_timeout at login, and query_wait_notify's NOTICE."""
+    cfg = pooler.settings.pooler
+    if query_timeout:
+        # As PgBouncer: a query's time counts while it waits for a server too
+        # ("query_timeout", its text for a client refused before it ran).
+        while pool.waiting and now - pool.waiting[0].wait_start > query_timeout:
+            pool.stats.count_error("query_timeout")
+            pool.waiting[0].fail(PoolerError("query_timeout"))
+    wait_timeout = pool.limits.query_wait_timeout
+    if wait_timeout:
+        while pool.waiting and now - pool.waiting[0].wait_start > wait_timeout:
+            pool.stats.count_error("query_wait_timeout")
+            pool.waiting[0].fail(PoolerError("query_wait_timeout"))
+        # Clients queued on a busy server's line whose turn has not come, past their
+        # deadline (net/pipeline.py: their guards keep the refusal true).
+        for server in [s for s in pool.active if s.chain]:
+            pipeline.refuse_overdue(pooler, server, now)
+    # Clients at login waiting for the pool's first server wait for a server too; and,
+    # as PgBouncer, their login is bounded by client_login_timeout (a server that cannot
+    # be reached leaves them waiting for retries otherwise, with the timeouts above 0).
+    for client in list(pool.awaiting_params):
+        waited = now - client.state_since
+        if query_timeout and waited > query_timeout:
+            expired, text = "query_timeout", "query_timeout"
+        elif wait_timeout and waited > wait_timeout:
+            expired, text = "query_wait_timeout", "query_wait_timeout"
+        elif cfg.client_login_timeout and now - client.connect_time > cfg.client_login_timeout:
+            expired, text = "client_login_timeout", "client_login_timeout (server down)"
+        else:
+            continue
+        pool.stats.count_error(expired)
+        client.fail(PoolerError(text))
+    if cfg.query_wait_notify:
+        # PgBouncer 1.25: tell a client queued this long why its query has not run.
+        for client in pool.waiting:
+            if now - client.wait_start <= cfg.query_wait_notify:
+                break  # the queue is in arrival order
+            if not client.wait_notified and client.state is ClientState.WAITING:
+                client.wait_notified = True
+                client.write(m.notice_response(WAIT_NOTICE))
+
+
+def _expire_active(pool: Pool, now: float, query_timeout: float, idle_xact_timeout: float,
+                   xact_timeout: float) -> None:
+    """The clients linked to a server of `pool`: query_timeout, idle_transaction_timeout
+    and transaction_timeout, each closing the server with its client."""
+    for server in list(pool.active):
+        # Its own name and type: compiled, a name keeps the type of its first use, and an
+        # active server may have no client.
+        linked: ClientConnection | None = server.client
+        if linked is None:
+            continue
+        client = linked
+        if not client.ledger.idle():
+            if query_timeout and now - client.query_start > query_timeout:
+                server.close("query timeout")
+                pool.stats.count_error("query_timeout")
+                client.fail(PoolerError("query timeout"))
+        elif (
+            idle_xact_timeout
+            and client.tx_status != m.TX_IDLE
+            and now - client.state_since > idle_xact_timeout
+        ):
+            server.close("idle transaction timeout")
+            pool.stats.count_error("idle_transaction_timeout")
+            client.fail(PoolerError("idle transaction timeout"))
+        if client.state is ClientState.CLOSED:
+            continue
+        if xact_timeout and now - client.xact_start > xact_timeout and (
+            not client.ledger.idle() or client.tx_status != m.TX_IDLE
+        ):
+            server.close("transaction timeout")
+            pool.stats.count_error("transaction_timeout")
+            client.fail(PoolerError("transaction timeout"))
+
+
+def _close_idle_servers(pooler: Pooler, pool: Pool, now: float) -> None:
+    """The idle servers of `pool` past server_idle_timeout or server_lifetime, closed down
+    to min_pool_size."""
+    cfg = pooler.settings.pooler
+    keep = pool.limits.min_pool_size
+    for server in list(pool.idle):
+        if len(pool.idle) + len(pool.active) <= keep:
+            break
+        idle_for = now - server.request_time
+        if (cfg.server_idle_timeout and idle_for > cfg.server_idle_timeout) or (
+            pool.limits.server_lifetime
+            and now - server.connect_time > pool.limits.server_lifetime
+        ):
+            # Through the one close path: out of the idle stack at once, so it is
+            # never handed out while closing, and the count above sees it gone.
+            pooler.close_server(server, "server idle timeout"
+                              if idle_for > cfg.server_idle_timeout
+                              else "server lifetime over")
+
+
+def _expire_idle_clients(pooler: Pooler, now: float) -> None:
+    """client_idle_timeout ([users], else [pgbouncer]): idle clients are closed."""
+    cfg = pooler.settings.pooler
     users = pooler.settings.users
     if cfg.client_idle_timeout or any(u.client_idle_timeout for u in users.values()):
         for client in list(pooler.clients):

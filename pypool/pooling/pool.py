@@ -58,7 +58,7 @@ class PoolStats:
     client_login_count: int = 0  # clients logged in to this pool (PgBouncer 1.26)
     # Transactions queued on a busy server behind another client's (net/pipeline.py).
     pipelined_count: int = 0
-    # Session state (pooling/session_state.py): clients pinned to their server, statements
+    # Session state (pooling/session_state/): clients pinned to their server, statements
     # refused (session_state = reject), servers whose settings were synced for a client.
     session_pinned: int = 0
     session_refused: int = 0

@@ -1,4 +1,4 @@
-"""The request reader's look at session state (core/frontend.py, pooling/session_state.py):
+"""The request reader's look at session state (core/frontend.py, pooling/session_state/):
 what a client's Queries and Parses change is found however the stream is cut, and with
 reject the statement is replaced by one that fails in its place."""
 

@@ -2,7 +2,7 @@
 
 The pooler reads the first words of a simple Query to follow SQL-level prepared statements
 (`PREPARE`, `EXECUTE`, `DEALLOCATE`, `DISCARD`: pooling/prepared/sql.py) and session state
-(`SET`, `RESET`, `DISCARD`, `LISTEN`, `UNLISTEN`: pooling/session_state.py). A statement that
+(`SET`, `RESET`, `DISCARD`, `LISTEN`, `UNLISTEN`: pooling/session_state/). A statement that
 merely begins with the same word (`PREPARE TRANSACTION 'gid'`, `SET TIME ZONE`, `RESET
 TRANSACTION ISOLATION LEVEL`) must not be taken for another: that class of mistake lost data
 once (test_two_phase.py).

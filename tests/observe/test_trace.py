@@ -1,21 +1,13 @@
-"""The protocol trace's decoder and printer, fed bytes built by protocol/messages.py."""
+"""The protocol trace's decoder (protocol/describe.py) and printer, fed bytes built by
+protocol/messages.py."""
 
 from __future__ import annotations
 
 import struct
 
-from pypool.observe.trace import (
-    CLIENT,
-    SERVER,
-    MessageStream,
-    TraceFilter,
-    Tracer,
-    WireTrace,
-    describe,
-    describe_startup,
-    mask_passwords,
-)
+from pypool.observe.trace import MessageStream, TraceFilter, Tracer, WireTrace
 from pypool.protocol import messages as m
+from pypool.protocol.describe import CLIENT, SERVER, describe, describe_startup, mask_passwords
 
 
 def parse(name: str, sql: str) -> bytes:

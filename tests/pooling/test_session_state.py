@@ -1,5 +1,5 @@
 """The session-state classifier: which statements change a server's session, read from their
-first keywords (pooling/session_state.py)."""
+first keywords (pooling/session_state/)."""
 
 from __future__ import annotations
 
