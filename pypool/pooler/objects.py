@@ -314,6 +314,11 @@ class Pooler:
         """A CancelRequest with a pooler-issued key (cancel.py)."""
         cancel.forward_cancel(self, pid, secret)
 
+    def cancel_here(self, pid: int, secret: int) -> None:
+        """A CancelRequest with a key this process issued, passed on by a sibling worker or
+        by the process taking over (cancel.py)."""
+        cancel.cancel_here(self, pid, secret)
+
     async def start(self) -> None:
         await lifecycle.start(self)
 
@@ -358,4 +363,8 @@ class Pooler:
 
     def shutdown(self, how: str) -> None:
         lifecycle.shutdown(self, how)
+
+    def exit_now(self) -> None:
+        """Close everything and stop (lifecycle.py)."""
+        lifecycle.exit_now(self)
 
