@@ -14,7 +14,8 @@ closed. The work belongs to other concepts (client_logins.py, teardown.py, linki
 transactions.py, server_logins.py, cancel.py, janitor.py, lifecycle.py); the methods here
 only hand over, so those callers need know nothing of the split.
 
-Never here: a decision. A method that grows one belongs in the module of its concept.
+Decided here: only the limits a pool is built with and the credentials a server logs in
+with. A method that grows more belongs in the module of its concept, not here.
 """
 
 from __future__ import annotations
