@@ -42,6 +42,7 @@ HOT_MODULES = (
     "pypool.core.client_login",
     # The login (connect-per-transaction pays it per transaction): SCRAM and its driver.
     "pypool.auth.scram",
+    "pypool.auth.server_credentials",
     "pypool.net.client_login",
     "pypool.core.server_login",
     "pypool.pooling.params",
@@ -73,6 +74,8 @@ HOT_MODULES = (
     "pypool.net.server_record",
     "pypool.net.server",
     "pypool.pooler.objects",
+    "pypool.pooler.client_logins",
+    "pypool.pooler.teardown",
     "pypool.pooler.linking",
     "pypool.pooler.server_logins",
     "pypool.pooler.transactions",

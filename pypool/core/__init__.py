@@ -20,4 +20,5 @@ message types they see and act on what it returns; tests feed it byte sequences
   md5 or SCRAM-SHA-256 password exchange (mock SCRAM for an unknown user).
 - `server_login`: the pooler logging into PostgreSQL: StartupMessage, the Authentication
   requests, ParameterStatus and BackendKeyData up to ReadyForQuery, or ServerLoginError.
+- `socket_ids`: the one id sequence of client and server connections (SHOW's `id`).
 """

@@ -11,7 +11,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..pooler import ServerCredentials
+    from ..auth.server_credentials import ServerCredentials
     from ..settings import DatabaseEntry
 
 

@@ -34,7 +34,7 @@ from .client_record import ClientRecord
 from .tls_records import RECORD_MAX, write_in_records
 
 if TYPE_CHECKING:
-    from ..pooler import Pooler
+    from .port import PoolerPort
 
 log = logging.getLogger("pypool.client")
 
@@ -42,7 +42,7 @@ log = logging.getLogger("pypool.client")
 class ClientConnection(ClientRecord, asyncio.Protocol):
     """A client of the pooler, from its first byte to its Terminate."""
 
-    def __init__(self, pooler: Pooler) -> None:
+    def __init__(self, pooler: PoolerPort) -> None:
         ClientRecord.__init__(self, pooler)  # its fields, said once (net/client_record.py)
         self.transport: asyncio.Transport | None = None
         # Its login, to its ReadyForQuery (net/client_login.py); None after the welcome,

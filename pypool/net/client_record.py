@@ -11,18 +11,18 @@ from typing import TYPE_CHECKING
 
 from ..core.frontend import RequestReader
 from ..core.link import Link
+from ..core.socket_ids import socket_ids as _ids  # shared with the other side
 from ..core.states import ClientState
 from ..pooling.session_state import ClientSession
 from ..protocol import messages as m
 from .flow_control import ReadingSwitch
-from .socket_ids import socket_ids as _ids  # shared with the other side
 
 if TYPE_CHECKING:
-    from ..pooler import Pooler
     from ..pooling import prepared
     from ..pooling import session_state as ss
     from ..pooling.pool import Pool
     from .hooks import ConsoleSession, TransactionLog, WireTrace
+    from .port import PoolerPort
     from .server import ServerConnection
 
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 class ClientRecord(ReadingSwitch):
     """One client's identity, link, clocks and per-transaction bookkeeping."""
 
-    def __init__(self, pooler: Pooler) -> None:
+    def __init__(self, pooler: PoolerPort) -> None:
         self.id = next(_ids)
         self.pooler = pooler
         self.state = ClientState.STARTUP  # core/states.py says what each state means

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from ..core.states import ServerState
 
 if TYPE_CHECKING:
-    from ..pooler import Pooler
+    from .port import PoolerPort
     from .server import ServerConnection
 
 log = logging.getLogger("pypool")
@@ -46,7 +46,7 @@ def send_soon(server: ServerConnection, data: bytes) -> None:
     deferred.append(data)
 
 
-def flush_servers(pooler: Pooler) -> None:
+def flush_servers(pooler: PoolerPort) -> None:
     """The end of the round: flush every server that deferred writes during it."""
     servers, pooler.to_flush = pooler.to_flush, []
     for server in servers:

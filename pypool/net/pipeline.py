@@ -82,9 +82,9 @@ from ..protocol.errors import PoolerError
 from . import deferred_writes, outbox
 
 if TYPE_CHECKING:
-    from ..pooler import Pooler
     from ..pooling.prepared import ServerStatements
     from .client import ClientConnection
+    from .port import PoolerPort
     from .server import ServerConnection
 
 # How long after its deadline a client whose turn has not come is refused (see the module
@@ -109,7 +109,7 @@ def worth_extending(server: ServerConnection) -> bool:
             and server.statements.neutral_tail())
 
 
-def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
+def extend(pooler: PoolerPort, server: ServerConnection, data: bytes = b"") -> None:
     """Queue waiting clients behind the last one on `server` while the line allows; their
     requests go out in one write, after `data` (what the caller was about to send)."""
     pool = server.pool
@@ -141,7 +141,7 @@ def extend(pooler: Pooler, server: ServerConnection, data: bytes = b"") -> None:
         deferred_writes.send_soon(server, data)
 
 
-def may_serve_on(pooler: Pooler, server: ServerConnection) -> bool:
+def may_serve_on(pooler: PoolerPort, server: ServerConnection) -> bool:
     """Whether `server` may take on more clients: not when it is due to close once free
     (RECONNECT or a changed [databases] entry, server_lifetime over, database removed), or
     a line kept topped up under load would keep it from ever being free."""
@@ -151,7 +151,7 @@ def may_serve_on(pooler: Pooler, server: ServerConnection) -> bool:
                 or pooler.now() - server.connect_time > lifetime)
 
 
-def join_open_line(pooler: Pooler, client: ClientConnection) -> bool:
+def join_open_line(pooler: PoolerPort, client: ClientConnection) -> bool:
     """A client needs a server and none is idle: queue it on a busy one whose line has room,
     if any (`Pool.open_lines`). False if it must wait."""
     pool = client.pool
@@ -316,7 +316,7 @@ def refuse(client: ClientConnection) -> None:
     client.fail(PoolerError("query_wait_timeout"))
 
 
-def refuse_overdue(pooler: Pooler, server: ServerConnection, now: float) -> None:
+def refuse_overdue(pooler: PoolerPort, server: ServerConnection, now: float) -> None:
     """The janitor's part: refuse the clients queued behind the head of `server`'s line
     (their turn has not come) whose deadline passed GUARD_MARGIN ago, if nothing the server
     sent is left unread (see the module docstring)."""
@@ -349,7 +349,7 @@ def replies_unread(server: ServerConnection) -> bool:
     return bool(struct.unpack("i", raw)[0])
 
 
-def hand_on(pooler: Pooler, server: ServerConnection, now: float) -> None:
+def hand_on(pooler: PoolerPort, server: ServerConnection, now: float) -> None:
     """The head of the line is done: the next client in it is linked from now on."""
     client = server.chain.popleft()
     server.link(client)

@@ -28,10 +28,11 @@ from .server_login import ServerLogin
 from .server_record import ServerRecord
 
 if TYPE_CHECKING:
-    from ..pooler import Pooler, ServerCredentials
+    from ..auth.server_credentials import ServerCredentials
     from ..pooling.pool import Pool
     from .client import ClientConnection
     from .hooks import ServerTap
+    from .port import PoolerPort
 
 log = logging.getLogger("pypool.server")
 
@@ -40,7 +41,7 @@ class ServerConnection(ServerRecord, asyncio.Protocol):
     """A server connection. The pooler owns it; a client borrows it for a transaction."""
 
     def __init__(
-        self, pooler: Pooler, pool: Pool, host: str, port: int, dbname: str,
+        self, pooler: PoolerPort, pool: Pool, host: str, port: int, dbname: str,
         credentials: ServerCredentials, startup_params: dict[str, str],
     ) -> None:
         # Its fields, said once (net/server_record.py).

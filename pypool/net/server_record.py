@@ -12,16 +12,17 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from ..core import replies
+from ..core.socket_ids import socket_ids as _ids  # shared with the other side
 from ..core.states import ServerState
 from ..pooling import prepared
 from .flow_control import ReadingSwitch
-from .socket_ids import socket_ids as _ids  # shared with the other side
 
 if TYPE_CHECKING:
-    from ..pooler import Pooler, ServerCredentials
+    from ..auth.server_credentials import ServerCredentials
     from ..pooling.pool import Pool
     from .client import ClientConnection
     from .hooks import WireTrace
+    from .port import PoolerPort
 
 
 # The flow-control switch is a base of the record, not of the Protocol beside it: compiled,
@@ -30,7 +31,7 @@ class ServerRecord(ReadingSwitch):
     """One server's address, login, link, and the readers of its replies."""
 
     def __init__(
-        self, pooler: Pooler, pool: Pool, host: str, port: int, dbname: str,
+        self, pooler: PoolerPort, pool: Pool, host: str, port: int, dbname: str,
         credentials: ServerCredentials, startup_params: dict[str, str],
     ) -> None:
         self.id = next(_ids)

@@ -6,7 +6,9 @@ Pool (pooling/pool.py), who gets which server. It sits above the asyncio Protoco
 net/ and below the console and metrics, which it calls only through the hooks cli.py sets
 at start-up (net/hooks.py): nothing here imports admin/, observe/ or metrics.py.
 
-- objects.py    the Pooler: pools, servers and clients bookkeeping, login, the entry points
+- objects.py    the Pooler: its objects and the entry points the other layers call
+- client_logins.py  a client's admission, its secret (auth_file, auth_query), its cancel key
+- teardown.py   a server or client that goes: its counts, its link, its server's fate
 - linking.py    request_server, link, release, server_available: who gets which server
 - server_logins.py  how many servers a pool opens, opening and logging them in, failed logins
 - replication.py  replication clients: a dedicated server each, joined byte for byte
@@ -20,6 +22,6 @@ client: a client that leaves with its transaction open (or a query running) take
 down with it.
 """
 
-from .objects import Pooler, ServerCredentials
+from .objects import Pooler
 
-__all__ = ["Pooler", "ServerCredentials"]
+__all__ = ["Pooler"]

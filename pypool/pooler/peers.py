@@ -135,8 +135,6 @@ def worker_address(parent_pid: int, worker: int) -> str:
 async def listen_for_siblings(pooler: Pooler) -> asyncio.AbstractServer:
     """This worker's private socket: each connection carries one CancelRequest from a
     sibling, for a key this worker issued. It is cancelled here, never forwarded."""
-    from .cancel import cancel_here
-
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(worker_address(pooler.worker_parent, pooler.worker_index))
     sock.listen(64)
@@ -148,7 +146,7 @@ async def listen_for_siblings(pooler: Pooler) -> asyncio.AbstractServer:
             size, code, pid, secret = (int.from_bytes(packet[i:i + 4], "big")
                                        for i in (0, 4, 8, 12))
             if size == 16 and code == CANCEL_REQUEST_CODE:
-                cancel_here(pooler, pid, secret)
+                pooler.cancel_here(pid, secret)  # pooler/cancel.py
         except (OSError, TimeoutError, asyncio.IncompleteReadError):
             pass
         finally:

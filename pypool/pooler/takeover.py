@@ -237,9 +237,7 @@ async def _hand_over(pooler: Pooler, conn: socket.socket) -> None:
         for _, fd in frames:
             os.close(fd)
         conn.close()
-    from . import lifecycle
-
-    lifecycle.exit_now(pooler)
+    pooler.exit_now()  # pooler/lifecycle.py
 
 
 def _passed_back_cancel(pooler: Pooler, conn: socket.socket) -> None:
@@ -253,9 +251,7 @@ def _passed_back_cancel(pooler: Pooler, conn: socket.socket) -> None:
         os.close(fd)
     key = body.get("cancel")
     if isinstance(key, list) and len(key) == 2:
-        from . import cancel
-
-        cancel.cancel_here(pooler, int(key[0]), int(key[1]))
+        pooler.cancel_here(int(key[0]), int(key[1]))  # pooler/cancel.py
 
 
 def pass_back_cancel(pooler: Pooler, pid: int, secret: int) -> bool:

@@ -35,7 +35,7 @@ def test_no_module_of_the_pooler_uses_random() -> None:
             if "random" in names:
                 users.append(str(path.relative_to(PACKAGE)))
     assert users == []
-    source = (PACKAGE / "pooler" / "objects.py").read_text()
+    source = (PACKAGE / "pooler" / "client_logins.py").read_text()
     assert "secrets.randbits(31), secrets.randbits(32)" in source
 
 
