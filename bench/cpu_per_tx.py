@@ -2,7 +2,10 @@
 
     python3 bench/cpu_per_tx.py [--mode prepared|simple|extended] [--rounds N] TREE TREE ...
 
-Each TREE is a pypool source tree (compiled in place with `python3 setup.py build_ext
+Each TREE is a pypool source tree, optionally followed by [pgbouncer] settings that replace
+the defaults below, each after a `+` (`/work/main+session_state=ignore+max_prepared_statements=0`):
+so one tree measured with and without a feature gives that feature's cost on the common
+path. A tree is (compiled in place with `python3 setup.py build_ext
 --inplace`, or not: the pooler's log says which). One throwaway PostgreSQL serves them all;
 each round starts each tree's pooler in turn (pool 20, transaction mode, pipelining off),
 warms it up, runs `pgbench -S -M MODE -c 50 -j 2 -t 2000` (100,000 transactions) and reads
@@ -66,7 +69,8 @@ def main() -> None:
                         "-U", "app", "bench"], env=env, check=True, capture_output=True)
         (work / "userlist.txt").write_text('"app" "app-secret"\n')
         for _ in range(args.rounds):
-            for tree in args.trees:
+            for target in args.trees:
+                tree, *overrides = target.split("+")
                 port = free_port()
                 ini = work / "pooler.ini"
                 ini.write_text(
@@ -75,6 +79,7 @@ def main() -> None:
                     f"auth_type = scram-sha-256\nauth_file = {work}/userlist.txt\n"
                     "pool_mode = transaction\ndefault_pool_size = 20\nmax_client_conn = 500\n"
                     "pipeline_depth = 0\nlog_connections = 0\nlog_disconnections = 0\n"
+                    + "".join(f"{item}\n" for item in overrides)
                 )
                 with open(work / "pooler.log", "ab") as log:
                     proc = subprocess.Popen([sys.executable, "-m", "pypool", str(ini)], cwd=tree,
@@ -96,8 +101,8 @@ def main() -> None:
                 count = CLIENTS * PER_CLIENT
                 total = (user1 - user0 + sys1 - sys0) / count * 1e6
                 user = (user1 - user0) / count * 1e6
-                results[tree].append((total, user))
-                print(f"{tree:32s} {total:6.2f} us per transaction (user {user:5.2f})",
+                results[target].append((total, user))
+                print(f"{target:32s} {total:6.2f} us per transaction (user {user:5.2f})",
                       flush=True)
     finally:
         pg.stop()
