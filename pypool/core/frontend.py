@@ -198,7 +198,7 @@ class RequestReader:
                         self.refused.append(refused)
             if rewriting:
                 end = pos + size
-                if end > n and (st is None or _WHOLE[kind] or st.discarding):
+                if end > n and (st is None or _WHOLE[kind] or st.requests.discarding):
                     break
                 # The queue takes the requests the ledger says PostgreSQL answers.
                 if st is not None and _REQUESTS[kind] and ledger.answers(kind):

@@ -35,7 +35,7 @@ query_wait_timeout still applies to a client in a line, as long as its transacti
 started on the server. While it is set, a client is queued only if its transaction is one
 extended-protocol segment ending at its Sync (a simple Query or FunctionCall, or several
 transactions at once, stays waiting in the pool), and only before its deadline. In front of
-its messages goes a guard (pooling/prepared/guard.py): a Bind and Execute of the pooler's own
+its messages goes a guard (pooling/pipeline_guard.py): a Bind and Execute of the pooler's own
 statement that fails once the deadline, `wait_start + query_wait_timeout` as wall-clock time,
 has passed on the server's clock. Then PostgreSQL skips the rest of the segment to the
 client's Sync, the transaction never starts, the guard's replies are swallowed, and the
@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING, Final
 
 from ..core.states import ClientEvent, ClientState
 from ..pooling.params import covers
-from ..pooling.prepared.guard import FAILED, PENDING, SKIPPED, Guard
+from ..pooling.pipeline_guard import FAILED, PENDING, SKIPPED, Guard
 from ..pooling.session_state import sync_statements
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
@@ -187,7 +187,7 @@ def can_follow_any(server: ServerConnection) -> bool:
                 or (last.session is not None and last.session.busy())
                 or last.tx_status != m.TX_IDLE or not _reader_free(last)
                 or server.hidden_syncs or server.close_reason or not st.neutral_tail()
-                or st.undoable or st.blocked or st.discarding)
+                or st.requests.undoable or st.requests.blocked or st.requests.discarding)
 
 
 def _reader_free(client: ClientConnection) -> bool:

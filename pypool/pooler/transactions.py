@@ -49,7 +49,7 @@ def ready_for_query(pooler: Pooler, client: ClientConnection, status: int) -> No
     verdict = backend.after_ready(ledger, status, pool.limits.pool_mode,
                                   client.state is ClientState.CLOSED,
                                   server is not None and bool(server.chain),
-                                  len(server.statements.queue) if server is not None else 0)
+                                  0 if server is None else len(server.statements.requests.queue))
     if verdict == backend.OWED:
         return
     if verdict == backend.CLOSE_DOUBT or verdict == backend.CLOSE_DISAGREE:
@@ -60,7 +60,7 @@ def ready_for_query(pooler: Pooler, client: ClientConnection, status: int) -> No
             else:
                 log.error("%r: the client's ledger and %r's statement queue disagree "
                           "(%d requests queued): closing the server", client, server,
-                          len(server.statements.queue))
+                          len(server.statements.requests.queue))
                 server.close("reply bookkeeping in doubt: ledger and queue disagree")
         return
     session = client.session

@@ -180,7 +180,7 @@ class Link:
         while self.to_server:
             data, self.to_server = self.to_server, b""
             self._read(self.postgres.feed(data))
-            if self.st.blocked or self.requests.blocked:
+            if self.st.requests.blocked or self.requests.blocked:
                 self._resume()
 
     def _read(self, data: bytes) -> None:
@@ -189,10 +189,10 @@ class Link:
             self.replies.out.clear()
             if event == replies.READY:
                 verdict = bk.after_ready(self.ledger, self.replies.status, "transaction",
-                                         False, False, len(self.st.queue))
+                                         False, False, len(self.st.requests.queue))
                 self.verdicts.append(verdict)
                 assert verdict not in (bk.CLOSE_DISAGREE, bk.CLOSE_DOUBT), (
-                    list(self.st.queue), self.ledger.owed, self.ledger.pending)
+                    list(self.st.requests.queue), self.ledger.owed, self.ledger.pending)
                 if verdict == bk.RELEASE:
                     self.released += 1
             elif event != replies.HIDDEN:
@@ -207,7 +207,7 @@ class Link:
         if not reader.blocked:
             return
         reader.blocked = False
-        self.st.blocked = False
+        self.st.requests.blocked = False
         held, reader.held = reader.held, b""
         if held:
             self.to_server += reader.rewrite_whole(self.st, held)
@@ -267,7 +267,7 @@ def test_the_ledger_and_the_statement_queue_never_disagree(steps, pipelined) -> 
                 link.server_runs()
         link.server_runs()
         assert link.ledger.idle(), (step, link.ledger.owed, link.ledger.unsynced)
-        assert not link.st.queue, (step, list(link.st.queue))
+        assert not link.st.requests.queue, (step, list(link.st.requests.queue))
         assert link.released == done, (step, link.verdicts)
 
 
@@ -276,8 +276,8 @@ def test_a_queue_left_waiting_when_the_ledger_is_done_closes_the_server() -> Non
     queue still holds a request means one of them is wrong; the server is not handed on."""
     link = Link()
     link.client_sends(parse("s", "SELECT 1") + bind("s") + EXECUTE + SYNC)
-    assert link.st.queue and link.ledger.pending == 1
+    assert link.st.requests.queue and link.ledger.pending == 1
     link.ledger.request(m.SYNC)  # a second Sync counted by the ledger alone
     link.ledger.ready()
     assert bk.after_ready(link.ledger, ord("I"), "transaction", False, False,
-                          len(link.st.queue)) == bk.CLOSE_DISAGREE
+                          len(link.st.requests.queue)) == bk.CLOSE_DISAGREE

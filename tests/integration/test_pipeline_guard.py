@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg import pq
 
 from pypool.pooling.prepared import GUARD_NAME
-from pypool.pooling.prepared.guard import GUARD_SQL
+from pypool.pooling.prepared.guard_statement import GUARD_SQL
 from pypool.protocol import messages as m
 
 from . import pgwire

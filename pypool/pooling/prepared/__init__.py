@@ -90,14 +90,15 @@ statement is closed (CloseComplete swallowed), unless it was used in the current
 (a portal made from it may still be open): then the cap is exceeded until the next link.
 """
 
-from .guard import GUARD_NAME, Guard
+from .guard_statement import GUARD_NAME
 from .registry import PREFIX, PROBE, ClientStatements, Registry, Statement, totals
-from .requests import FORWARD, OP_RENAME, READY, REPLACE, SWALLOW, WAIT, Wait
+from .request_queue import RequestQueue
+from .requests import FORWARD, READY, REPLACE, SWALLOW, WAIT, Hold, Op, Request, Tracking
 from .rewriter import ServerStatements, driver_segment
 from .sql import SqlCommand, parse_sql_command
 
 __all__ = [
-    "FORWARD", "GUARD_NAME", "OP_RENAME", "PREFIX", "PROBE", "READY", "REPLACE", "SWALLOW",
-    "WAIT", "ClientStatements", "Guard", "Registry", "ServerStatements", "SqlCommand",
-    "Statement", "Wait", "driver_segment", "parse_sql_command", "totals",
+    "FORWARD", "GUARD_NAME", "PREFIX", "PROBE", "READY", "REPLACE", "SWALLOW", "WAIT",
+    "ClientStatements", "Hold", "Op", "Registry", "Request", "RequestQueue", "ServerStatements",
+    "SqlCommand", "Statement", "Tracking", "driver_segment", "parse_sql_command", "totals",
 ]
