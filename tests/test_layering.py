@@ -112,3 +112,60 @@ def test_the_cycle_scan_sees_its_files() -> None:
     # The scan resolves relative imports: it would catch the imports this change removed.
     probe = PACKAGE / "pooler" / "objects.py"
     assert "pypool.net.client" in _modules_imported(probe)
+
+
+# --- no import cycle inside pooling/prepared/ --------------------------------------------------
+
+
+def _module_name(path: Path) -> str:
+    parts = ["pypool", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _a_cycle(edges: dict[str, list[str]]) -> list[str]:
+    """A cycle in `edges` (module -> the modules it imports), or [] when there is none."""
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> list[str]:
+        if name in trail:
+            return [*trail[trail.index(name):], name]
+        if name in done:
+            return []
+        for target in edges[name]:
+            cycle = visit(target, [*trail, name])
+            if cycle:
+                return cycle
+        done.add(name)
+        return []
+
+    for name in sorted(edges):
+        cycle = visit(name, [])
+        if cycle:
+            return cycle
+    return []
+
+
+def _import_graph(paths: list[Path]) -> dict[str, list[str]]:
+    """Which of the modules at `paths` each imports (TYPE_CHECKING and function-local
+    imports included)."""
+    modules = {_module_name(path): path for path in paths}
+    return {name: sorted(n for n in _modules_imported(path) if n in modules and n != name)
+            for name, path in modules.items()}
+
+
+def test_prepared_statements_have_no_import_cycle() -> None:
+    """pooling/prepared/ reads bottom up: registry, requests, the request queue, the cache,
+    SQL-level names, the guard's statement, the rewriter. No module imports one above it,
+    not even for type checking (registry.py once imported the pipelining guard, which
+    imported the rewriting's layers, which imported registry.py)."""
+    paths = sorted((PACKAGE / "pooling" / "prepared").glob("*.py"))
+    assert len(paths) >= 8
+    graph = _import_graph([*paths, PACKAGE / "pooling" / "pipeline_guard.py"])
+    assert "pypool.pooling.prepared.registry" in graph["pypool.pooling.prepared.cache"]
+    cycle = _a_cycle(graph)
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _a_cycle({"a": ["b"], "b": ["c"], "c": ["a"], "d": []}) == ["a", "b", "c", "a"]
+    assert _a_cycle({"a": ["b", "c"], "b": ["c"], "c": []}) == []

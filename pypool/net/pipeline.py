@@ -268,7 +268,7 @@ def follow(server: ServerConnection, client: ClientConnection) -> bytes:
 
 
 def guard_verdict(guard: Guard) -> None:
-    """Called by the request queue (guard.py), from inside the reading of the server's
+    """Called by the request queue (pooling/prepared/), from inside the reading of the server's
     replies. FAILED: the server skipped the transaction, its deadline had passed; the client
     is refused (unless the janitor did so already), and stays in the line until the
     ReadyForQuery of its Sync has gone by (`skipped_in_line`). PASSED: its transaction has

@@ -1,6 +1,6 @@
 """query_wait_timeout with pipelining on, against a real PostgreSQL: a client queued on a busy
 server's line is still refused at its deadline if its transaction has not started, and then
-it never runs (pypool/net/pipeline.py, pypool/pooling/prepared/guard.py).
+it never runs (pypool/net/pipeline.py, pypool/pooling/pipeline_guard.py).
 
 What must hold: the refused client gets PgBouncer's `query_wait_timeout` about when it would
 without pipelining (its deadline plus the janitor's margin), well before the transaction
