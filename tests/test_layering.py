@@ -207,8 +207,6 @@ STILL_CYCLIC = {
     # the Pooler's fields and the calls between its parts declared apart from the class
     # that makes those calls.
     "pypool.pooler": "objects.py imports the modules that take a Pooler",
-    # registry.py imports pipelining's Guard (issue 23, item 4).
-    "pypool.pooling": "pooling/prepared/: registry.py imports pipelining's guard",
 }
 
 

@@ -154,7 +154,7 @@ class RequestReader:
                         n, size, found = len(data), len(new), None
             if rewriting:
                 end = pos + size
-                if end > n and (st is None or _WHOLE[kind] or st.discarding):
+                if end > n and (st is None or _WHOLE[kind] or st.requests.discarding):
                     break
                 # The queue takes the requests the ledger says PostgreSQL answers.
                 if st is not None and _REQUESTS[kind] and ledger.answers(kind):

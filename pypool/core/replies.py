@@ -30,6 +30,7 @@ import logging
 from typing import TYPE_CHECKING, Final
 
 from ..pooling import prepared
+from ..pooling.prepared import Op, Tracking
 from ..protocol import messages as m
 from ..protocol.framing import be32
 from .backend import APPLIED, FAILED, BackendLedger
@@ -69,6 +70,7 @@ class ReplyReader:
 
     def __init__(self, statements: prepared.ServerStatements, stats: PoolStats) -> None:
         self.statements = statements
+        self.requests = statements.requests  # its request queue, read per reply
         self.stats = stats
         self.backend = BackendLedger()
         self.params: dict[str, str] = {}  # the server's session parameters, as it reported
@@ -88,15 +90,15 @@ class ReplyReader:
 
     def more(self) -> bool:
         """Whether a feed(b"") after READY or HIDDEN has anything left to do."""
-        st = self.statements
-        return bool(self._partial or st.to_client or st.tracking == 2)
+        rq = self.requests
+        return bool(self._partial or rq.to_client or rq.tracking == Tracking.SYNTHETIC)
 
     def feed(self, data: bytes) -> int:
         out = self.out
-        st = self.statements
-        if st.to_client:  # made for whoever is linked now (after a READY: the next in line)
-            out.append(b"".join(st.to_client))
-            st.to_client.clear()
+        rq = self.requests
+        if rq.to_client:  # made for whoever is linked now (after a READY: the next in line)
+            out.append(b"".join(rq.to_client))
+            rq.to_client.clear()
         if self._partial:
             data = self._partial + data if data else self._partial
             self._partial = b""
@@ -107,7 +109,7 @@ class ReplyReader:
             self._skip = pos - n
             if n:
                 out.append(data)
-            if st.tracking == 2 and not self._skip:
+            if rq.tracking == Tracking.SYNTHETIC and not self._skip:
                 self._synthetic()
             return DONE
         self._skip = 0
@@ -116,7 +118,7 @@ class ReplyReader:
         while n - pos >= 5:
             kind = data[pos]
             end = pos + 1 + be32(data, pos + 1)
-            if _STREAMED[kind] and not st.tracking and not hidden:
+            if _STREAMED[kind] and not rq.tracking and not hidden:
                 # BindComplete, RowDescription, DataRow, ...: nothing to act on.
                 if end > n:
                     self._skip = end - n
@@ -124,16 +126,16 @@ class ReplyReader:
                     break
                 pos = end
                 continue
-            if st.tracking and not hidden:
+            if rq.tracking and not hidden:
                 # The slow path: this reply is matched to the request at the queue's head.
-                if st.tracking == 2:  # a reply the pooler makes goes out before this one
+                if rq.tracking == Tracking.SYNTHETIC:  # a reply the pooler makes goes first
                     if sent < pos:
                         out.append(data[sent:pos])
-                    out.append(st.emit_synthetic())
+                    out.append(rq.emit_synthetic())
                     sent = pos
                     continue
                 if end > n:
-                    if (kind == _DATA_ROW or kind == _COPY_DATA) and not st.queue[0][1]:
+                    if (kind == _DATA_ROW or kind == _COPY_DATA) and not rq.queue[0].swallow:
                         self._skip = end - n  # stream long rows; they complete nothing
                         pos = n
                     break
@@ -147,10 +149,10 @@ class ReplyReader:
                     self._parameter_status(body)
                 else:
                     if kind in _COPY_RESPONSES and frontend is not None:
-                        frontend.copy_started(kind, st)
+                        frontend.copy_started(kind, rq)
                     body = b""
-                verdict = st.reply(kind, body)
-                if verdict or st.to_client:
+                verdict = rq.reply(kind, body)
+                if verdict or rq.to_client:
                     if verdict == prepared.READY:
                         if data[pos + 5] != _TX_IDLE and self.statement_mode:
                             stop = pos  # withheld, as on the hot path below
@@ -162,12 +164,12 @@ class ReplyReader:
                         out.append(data[sent:stop])
                     sent = end
                     if verdict == prepared.REPLACE:
-                        out.append(st.replacement)
+                        out.append(rq.replacement)
                     if verdict == prepared.READY:
                         return self._stop(READY, data, end, data[pos + 5])
-                    if st.to_client:
-                        out.append(b"".join(st.to_client))
-                        st.to_client.clear()
+                    if rq.to_client:
+                        out.append(b"".join(rq.to_client))
+                        rq.to_client.clear()
                 pos = end
                 continue
             if kind == _READY_FOR_QUERY or kind == _PARAMETER_STATUS or hidden:
@@ -183,8 +185,8 @@ class ReplyReader:
                         return self._stop(HIDDEN, data, end, _TX_IDLE)
                 elif kind == _READY_FOR_QUERY:
                     status = data[pos + 5]
-                    if st.queue:
-                        st.pop_ready(status)
+                    if rq.queue:
+                        rq.pop_ready(status)
                     if status != _TX_IDLE and self.statement_mode:
                         # As PgBouncer: the ReadyForQuery is withheld, so the statement that
                         # opened the transaction fails (the client sends the FATAL).
@@ -199,11 +201,11 @@ class ReplyReader:
                 else:
                     self._parameter_status(data[pos + 5 : end])
             elif kind == _ERROR_RESPONSE:
-                if st.queue and st.queue[0][2] == prepared.OP_RENAME:
+                if rq.queue and rq.queue[0].op == Op.RENAME:
                     # A folded segment of the client's statements: name them in the error.
                     if end > n:
                         break
-                    renamed = st.renamed_error(data[pos + 5 : end])
+                    renamed = rq.renamed_error(data[pos + 5 : end])
                     if renamed is not None:
                         if sent < pos:
                             out.append(data[sent:pos])
@@ -218,10 +220,10 @@ class ReplyReader:
                 if end > n:
                     break  # small: wait for all of it
                 if data[pos + 5] == 68:  # "D": DISCARD ALL, DEALLOCATE ALL drop statements
-                    st.command_tag(data[pos + 5 : end])
+                    self.statements.command_tag(data[pos + 5 : end])
             elif kind in _COPY_RESPONSES:
                 if frontend is not None:
-                    frontend.copy_started(kind, st)
+                    frontend.copy_started(kind, rq)
                 if end > n:
                     self._skip = end - n
                     pos = n
@@ -235,7 +237,7 @@ class ReplyReader:
             self._partial = data[pos:]
         if sent < pos:
             out.append(data[sent:pos] if sent or pos < n else data)
-        if st.tracking == 2 and not self._skip and not self._partial:
+        if rq.tracking == Tracking.SYNTHETIC and not self._skip and not self._partial:
             self._synthetic()
         return DONE
 
@@ -247,7 +249,7 @@ class ReplyReader:
         return event
 
     def _synthetic(self) -> None:
-        synthetic = self.statements.emit_synthetic()
+        synthetic = self.requests.emit_synthetic()
         if synthetic:
             self.out.append(synthetic)
 

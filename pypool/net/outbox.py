@@ -98,7 +98,7 @@ def resume_rewriting(client: ClientConnection) -> None:
     reader.blocked = False
     server = client.server
     if server is not None:
-        server.statements.blocked = False
+        server.statements.requests.blocked = False
     held, reader.held = reader.held, b""
     if held:
         if server is not None:

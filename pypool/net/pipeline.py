@@ -35,7 +35,7 @@ query_wait_timeout still applies to a client in a line, as long as its transacti
 started on the server. While it is set, a client is queued only if its transaction is one
 extended-protocol segment ending at its Sync (a simple Query or FunctionCall, or several
 transactions at once, stays waiting in the pool), and only before its deadline. In front of
-its messages goes a guard (pooling/prepared/guard.py): a Bind and Execute of the pooler's own
+its messages goes a guard (pooling/pipeline_guard.py): a Bind and Execute of the pooler's own
 statement that fails once the deadline, `wait_start + query_wait_timeout` as wall-clock time,
 has passed on the server's clock. Then PostgreSQL skips the rest of the segment to the
 client's Sync, the transaction never starts, the guard's replies are swallowed, and the
@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Final
 from ..core.link import SEND, LinkEvent
 from ..core.states import ClientState
 from ..pooling.params import covers
-from ..pooling.prepared.guard import FAILED, PENDING, SKIPPED, Guard
+from ..pooling.pipeline_guard import FAILED, PENDING, SKIPPED, Guard
 from ..pooling.session_state import sync_statements
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
@@ -188,7 +188,7 @@ def can_follow_any(server: ServerConnection) -> bool:
                 or (last.session is not None and last.session.busy())
                 or last.tx_status != m.TX_IDLE or not _reader_free(last)
                 or server.hidden_syncs or server.close_reason or not st.neutral_tail()
-                or st.undoable or st.blocked or st.discarding)
+                or st.requests.undoable or st.requests.blocked or st.requests.discarding)
 
 
 def _reader_free(client: ClientConnection) -> bool:
@@ -271,7 +271,7 @@ def follow(server: ServerConnection, client: ClientConnection) -> bytes:
 
 
 def guard_verdict(guard: Guard) -> None:
-    """Called by the request queue (guard.py), from inside the reading of the server's
+    """Called by the request queue (pooling/prepared/), from inside the reading of the server's
     replies. FAILED: the server skipped the transaction, its deadline had passed; the client
     is refused (unless the janitor did so already), and stays in the line until the
     ReadyForQuery of its Sync has gone by (`skipped_in_line`). PASSED: its transaction has

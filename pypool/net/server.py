@@ -168,7 +168,7 @@ class ServerConnection(ServerRecord, asyncio.Protocol):
             if not reader.more():
                 break
             event = reader.feed(b"")
-        if self.statements.blocked:
+        if self.statements.requests.blocked:
             # The client whose messages wait is the last one queued on this server.
             sender = self.chain[-1] if self.chain else self.client
             if sender is not None:

@@ -206,7 +206,7 @@ def _resize_statement_caches(pooler: Pooler, old_cap: int) -> None:
         return
     for pool in pooler.pools.values():
         for server in (*pool.idle, *pool.active, *pool.login, *pool.being_canceled):
-            server.statements.cap = cap
+            server.statements.cache.cap = cap
 
 
 # PgBouncer's log lines for the signals, which scripts and its test suite grep.

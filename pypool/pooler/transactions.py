@@ -58,7 +58,7 @@ def ready_for_query(pooler: Pooler, client: ClientConnection, status: int) -> No
             session.pending or session.pins or ledger.errors != session.errors_seen):
         session.ready(status, ledger.errors, server.session_sets)
         pinned = bool(session.pins)
-    queued = len(server.statements.queue) if server is not None else 0
+    queued = len(server.statements.requests.queue) if server is not None else 0
     event = link.ready_event(ledger, status, pool.limits.pool_mode, client.link,
                              server is not None and bool(server.chain), queued, pinned)
     now = pooler.now()

@@ -79,7 +79,7 @@ class Exchange:
         buffer.feed(data)
         for kind, body in buffer.messages():
             if kind in (m.COPY_IN_RESPONSE, m.COPY_OUT_RESPONSE, m.COPY_BOTH_RESPONSE):
-                self.ledger.copy_started(kind, self.queue)
+                self.ledger.copy_started(kind, self.queue.requests)
             elif kind == m.ERROR_RESPONSE:
                 self.ledger.copy_failed()
             elif kind == m.READY_FOR_QUERY and self.ledger.ready() and body == b"I":
@@ -373,7 +373,8 @@ def test_a_sync_in_copy_in_is_not_answered_and_so_not_queued() -> None:
     ledger = FrontendLedger()
     ledger.request(m.QUERY)
     assert ledger.answers(m.SYNC)
-    ledger.copy_started(m.COPY_IN_RESPONSE, ServerStatements(Registry(), 100, PoolStats()))
+    ledger.copy_started(m.COPY_IN_RESPONSE,
+                        ServerStatements(Registry(), 100, PoolStats()).requests)
     assert not ledger.answers(m.SYNC)
     assert ledger.answers(m.QUERY)
     pending = ledger.pending

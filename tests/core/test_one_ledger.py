@@ -180,7 +180,7 @@ class Link:
         while self.to_server:
             data, self.to_server = self.to_server, b""
             self._read(self.postgres.feed(data))
-            if self.st.blocked or self.requests.blocked:
+            if self.st.requests.blocked or self.requests.blocked:
                 self._resume()
 
     def _read(self, data: bytes) -> None:
@@ -190,10 +190,10 @@ class Link:
             if event == replies.READY:
                 if self.ledger.ready():
                     verdict = lk.ready_event(self.ledger, self.replies.status, "transaction",
-                                             lk.Link(), False, len(self.st.queue))
+                                             lk.Link(), False, len(self.st.requests.queue))
                     self.verdicts.append(verdict)
                     assert verdict != lk.LinkEvent.READY_DOUBT, (
-                        list(self.st.queue), self.ledger.owed, self.ledger.pending)
+                        list(self.st.requests.queue), self.ledger.owed, self.ledger.pending)
                     if verdict == lk.LinkEvent.READY_RELEASE:
                         self.released += 1
             elif event != replies.HIDDEN:
@@ -208,7 +208,7 @@ class Link:
         if not reader.blocked:
             return
         reader.blocked = False
-        self.st.blocked = False
+        self.st.requests.blocked = False
         held, reader.held = reader.held, b""
         if held:
             self.to_server += reader.rewrite_whole(self.st, held)
@@ -268,7 +268,7 @@ def test_the_ledger_and_the_statement_queue_never_disagree(steps, pipelined) -> 
                 link.server_runs()
         link.server_runs()
         assert link.ledger.idle(), (step, link.ledger.owed, link.ledger.unsynced)
-        assert not link.st.queue, (step, list(link.st.queue))
+        assert not link.st.requests.queue, (step, list(link.st.requests.queue))
         assert link.released == done, (step, link.verdicts)
 
 
@@ -277,9 +277,9 @@ def test_a_queue_left_waiting_when_the_ledger_is_done_closes_the_server() -> Non
     queue still holds a request means one of them is wrong; the server is not handed on."""
     link = Link()
     link.client_sends(parse("s", "SELECT 1") + bind("s") + EXECUTE + SYNC)
-    assert link.st.queue and link.ledger.pending == 1
+    assert link.st.requests.queue and link.ledger.pending == 1
     link.ledger.request(m.SYNC)  # a second Sync counted by the ledger alone
     assert not link.ledger.ready()  # the ReadyForQuery of the first Sync
     assert link.ledger.ready()  # of the second: owed nothing more
     assert lk.ready_event(link.ledger, ord("I"), "transaction", lk.Link(), False,
-                          len(link.st.queue)) == lk.LinkEvent.READY_DOUBT
+                          len(link.st.requests.queue)) == lk.LinkEvent.READY_DOUBT

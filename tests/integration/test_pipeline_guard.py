@@ -1,6 +1,6 @@
 """query_wait_timeout with pipelining on, against a real PostgreSQL: a client queued on a busy
 server's line is still refused at its deadline if its transaction has not started, and then
-it never runs (pypool/net/pipeline.py, pypool/pooling/prepared/guard.py).
+it never runs (pypool/net/pipeline.py, pypool/pooling/pipeline_guard.py).
 
 What must hold: the refused client gets PgBouncer's `query_wait_timeout` about when it would
 without pipelining (its deadline plus the janitor's margin), well before the transaction
@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg import pq
 
 from pypool.pooling.prepared import GUARD_NAME
-from pypool.pooling.prepared.guard import GUARD_SQL
+from pypool.pooling.prepared.guard_statement import GUARD_SQL
 from pypool.protocol import messages as m
 
 from . import pgwire

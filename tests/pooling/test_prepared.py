@@ -21,6 +21,7 @@ from pypool.pooling.prepared import (
     ClientStatements,
     Registry,
     ServerStatements,
+    Tracking,
     driver_segment,
     parse_sql_command,
 )
@@ -125,36 +126,37 @@ class Link:
                 return data[pos:]
             self.to_server += data[pos:end] if out is None else out  # type: ignore[operator]
             pos = end
-        if st.tracking == 2:
-            self.to_client += st.emit_synthetic()
+        if st.requests.tracking == Tracking.SYNTHETIC:
+            self.to_client += st.requests.emit_synthetic()
         return None
 
     def reply(self, *messages: bytes) -> None:
         st = self.server
+        rq = st.requests
         for raw in messages:
             kind, body = raw[0], raw[5:]
-            if st.tracking == 2:
-                self.to_client += st.emit_synthetic()
-            if st.tracking:
-                verdict = st.reply(kind, body)
+            if rq.tracking == Tracking.SYNTHETIC:
+                self.to_client += rq.emit_synthetic()
+            if rq.tracking:
+                verdict = rq.reply(kind, body)
                 if verdict == REPLACE:
-                    self.to_client += st.replacement
+                    self.to_client += rq.replacement
                 elif verdict != SWALLOW:
                     self.to_client += raw
                 if verdict == READY:
                     self.readies += 1
             else:
                 if kind == ord("Z"):
-                    if st.queue:
-                        st.pop_ready(body[0])
+                    if rq.queue:
+                        rq.pop_ready(body[0])
                     self.readies += 1
                 elif kind == ord("C") and body[:1] == b"D":
                     st.command_tag(body)
                 elif kind == ord("E"):
-                    raw = st.renamed_error(body) or raw
+                    raw = rq.renamed_error(body) or raw
                 self.to_client += raw
-            self.to_client += b"".join(st.to_client)
-            st.to_client.clear()
+            self.to_client += b"".join(rq.to_client)
+            rq.to_client.clear()
 
     def take(self) -> tuple[bytes, bytes]:
         out = (self.to_server, self.to_client)
@@ -176,7 +178,7 @@ def test_named_parse_is_renamed_and_answered_by_the_server():
     assert link.take() == (parse(b"PYPOOL_1", SQL) + SYNC, PARSE_COMPLETE + ready())
     assert link.client.names[b"s1"].name == b"PYPOOL_1"
     assert link.stats.client_parse_count == 1 and link.stats.server_parse_count == 1
-    assert link.server.queue == type(link.server.queue)()
+    assert link.server.requests.queue == type(link.server.requests.queue)()
 
 
 def test_parse_of_a_body_the_server_has_is_answered_by_the_pooler_in_order():
@@ -224,7 +226,7 @@ def test_unnamed_statements_and_portals_pass_through():
     link.reply(PARSE_COMPLETE, BIND_COMPLETE, ROW_DESCRIPTION, ROW, complete(b"SELECT 1"),
                CLOSE_COMPLETE, PARAM_DESCRIPTION, ROW_DESCRIPTION, ready())
     assert link.to_client.endswith(ready()) and link.readies == 1
-    assert not link.server.queue and not link.client.names
+    assert not link.server.requests.queue and not link.client.names
 
 
 def test_duplicate_parse_fails_on_the_server_with_postgresqls_error():
@@ -265,7 +267,7 @@ def test_failed_parse_is_forgotten_and_the_name_can_be_parsed_again():
     syntax = error("42601", 'syntax error at or near "SELEC"')
     link.reply(syntax, ready())
     assert link.take()[1] == syntax + ready()
-    assert not link.client.names and not link.server.lru
+    assert not link.client.names and not link.server.cache.lru
     assert not link.registry.statements  # nobody refers to the failed body any more
     link.send(parse(b"s1", SQL), SYNC)
     assert link.take()[0] == parse(b"PYPOOL_2", SQL) + SYNC
@@ -353,7 +355,7 @@ def test_injected_parse_that_fails_reports_to_the_client_and_is_forgotten():
     missing = error("42P01", 'relation "t" does not exist')
     link.reply(missing, ready())
     assert link.take()[1] == missing + ready()
-    assert not link.server.lru and b"s1" in link.client.names
+    assert not link.server.cache.lru and b"s1" in link.client.names
 
 
 def test_server_error_naming_our_statement_names_the_clients():
@@ -380,7 +382,7 @@ def test_close_is_answered_by_the_pooler_and_the_server_keeps_the_plan():
     link.reply(BIND_COMPLETE, complete(b"SELECT 1"), ready())
     assert link.take()[1] == (BIND_COMPLETE + complete(b"SELECT 1") + CLOSE_COMPLETE
                               + ready())
-    assert not link.client.names and len(link.server.lru) == 1
+    assert not link.client.names and len(link.server.cache.lru) == 1
     # The same name for other SQL is a new statement.
     link.send(parse(b"s1", b"SELECT 2"), SYNC)
     assert link.take()[0] == parse(b"PYPOOL_2", b"SELECT 2") + SYNC
@@ -411,7 +413,7 @@ def test_least_recently_used_statement_is_closed_to_make_room():
     link.reply(CLOSE_COMPLETE, PARSE_COMPLETE, ready())
     assert link.take()[1] == PARSE_COMPLETE + ready()
     assert link.stats.prepared_evictions == 1
-    assert [s.name for s in link.server.lru] == [b"PYPOOL_1", b"PYPOOL_3"]
+    assert [s.name for s in link.server.cache.lru] == [b"PYPOOL_1", b"PYPOOL_3"]
     # b lives on for the client: it comes back through an injected Parse.
     link.send(bind(b"b"), execute(), SYNC)
     assert link.to_server.startswith(close(b"S", b"PYPOOL_1") + parse(b"PYPOOL_2", b"SELECT 2"))
@@ -425,7 +427,7 @@ def test_statements_of_the_current_transaction_are_not_evicted():
     assert link.to_server == (parse(b"PYPOOL_1", b"SELECT 1") + bind(b"PYPOOL_1", b"p")
                               + parse(b"PYPOOL_2", b"SELECT 2") + execute(b"p") + SYNC)
     link.reply(PARSE_COMPLETE, BIND_COMPLETE, PARSE_COMPLETE, complete(b"SELECT 1"), ready())
-    assert len(link.server.lru) == 2
+    assert len(link.server.cache.lru) == 2
     link.move_to(link.server)
     link.take()
     link.send(parse(b"c", b"SELECT 3"), SYNC)
@@ -441,7 +443,7 @@ def test_evicted_close_skipped_by_an_error_puts_the_statement_back():
     link.take()
     link.send(bind(b"", b"", (b"x",)), parse(b"b", b"SELECT 2"), SYNC)
     link.reply(error("08P01", "bad bind"), ready())
-    assert {s.name for s in link.server.lru} == {b"PYPOOL_1"}  # b's Parse never ran
+    assert {s.name for s in link.server.cache.lru} == {b"PYPOOL_1"}  # b's Parse never ran
     assert b"b" not in link.client.names
 
 
@@ -452,9 +454,9 @@ def test_parse_whose_first_attempt_is_unanswered_in_an_earlier_segment_waits():
     link = Link()
     link.send(parse(b"s1", b"SELEC 1"), SYNC)
     rest = link.send(parse(b"s1", SQL), SYNC)
-    assert rest == parse(b"s1", SQL) + SYNC and link.server.blocked
+    assert rest == parse(b"s1", SQL) + SYNC and link.server.requests.blocked
     link.reply(error("42601", "syntax error"), ready())
-    link.server.blocked = False
+    link.server.requests.blocked = False
     assert link.send(rest) is None  # the first failed: this one is a fresh Parse
     assert link.take()[0].endswith(parse(b"PYPOOL_2", SQL) + SYNC)
 
@@ -498,7 +500,7 @@ def test_discard_all_clears_the_maps():
     link.reply(PARSE_COMPLETE, ready())
     link.send(query(b"DISCARD ALL"))
     link.reply(complete(b"DISCARD ALL"), ready())
-    assert not link.client.names and not link.server.lru and not link.registry.statements
+    assert not link.client.names and not link.server.cache.lru and not link.registry.statements
 
 
 def test_deallocate_all_via_the_extended_protocol_clears_the_maps():
@@ -506,7 +508,7 @@ def test_deallocate_all_via_the_extended_protocol_clears_the_maps():
     link.send(parse(b"s1", SQL), parse(b"", b"DEALLOCATE ALL"), bind(b""), execute(), SYNC)
     link.reply(PARSE_COMPLETE, PARSE_COMPLETE, BIND_COMPLETE, complete(b"DEALLOCATE ALL"),
                ready())
-    assert not link.client.names and not link.server.lru
+    assert not link.client.names and not link.server.cache.lru
 
 
 def test_sql_prepare_is_replayed_on_the_next_server():
@@ -515,7 +517,7 @@ def test_sql_prepare_is_replayed_on_the_next_server():
     link.send(query(text))
     assert link.to_server == query(text)
     link.reply(complete(b"PREPARE"), ready())
-    assert link.client.sql == {b"q": text} and link.server.sql == {b"q": text}
+    assert link.client.sql == {b"q": text} and link.server.sql.names == {b"q": text}
     link.move_to(link.new_server())
     assert link.to_server.endswith(query(text))  # the hidden PREPARE
     link.take()
@@ -560,7 +562,7 @@ def test_a_failed_hidden_deallocate_is_settled_once():
     b.reply(error("26000", 'prepared statement "q" does not exist'), ready(),
             complete(b"PREPARE"), ready())
     assert b.take()[1] == complete(b"PREPARE") + ready()
-    assert not server.undoable and not server.queue
+    assert not server.requests.undoable and not server.requests.queue
 
 
 def test_sql_deallocate_and_execute_of_a_protocol_level_statement():
@@ -574,7 +576,7 @@ def test_sql_deallocate_and_execute_of_a_protocol_level_statement():
     link.send(query(b"DEALLOCATE s1"))
     assert link.to_server.endswith(query(b'DEALLOCATE "PYPOOL_1"'))
     link.reply(complete(b"DEALLOCATE"), ready())
-    assert not link.client.names and not link.server.lru
+    assert not link.client.names and not link.server.cache.lru
 
 
 @pytest.mark.parametrize(
@@ -644,21 +646,21 @@ def test_segments_of_known_statements_are_folded_into_their_sync():
     link.take()
     link.send(bind(b"s1"), execute(), SYNC)
     # One entry: the hot path forwards BindComplete, rows, CommandComplete; done at Z.
-    assert len(link.server.queue) == 1 and link.server.tracking == 0
+    assert len(link.server.requests.queue) == 1 and link.server.requests.tracking == Tracking.HOT
     link.reply(BIND_COMPLETE, ROW, complete(b"SELECT 1"), ready())
     assert link.take() == (bind(b"PYPOOL_1") + execute() + SYNC,
                            BIND_COMPLETE + ROW + complete(b"SELECT 1") + ready())
     # A segment with a Parse to the server is not folded: its failure must be undone.
     link.send(parse(b"s2", b"SELECT 2"), bind(b"s2"), execute(), SYNC)
-    assert len(link.server.queue) == 4 and link.server.tracking == 1
+    assert len(link.server.requests.queue) == 4 and link.server.requests.tracking == Tracking.EACH
 
 
 def test_unnamed_extended_segments_are_folded():
     link = Link()
     link.send(parse(b"", SQL), bind(b"", params=(b"1",)), describe(b"P", b""), execute(), SYNC)
-    assert len(link.server.queue) == 1 and link.server.tracking == 0
+    assert len(link.server.requests.queue) == 1 and link.server.requests.tracking == Tracking.HOT
     link.reply(PARSE_COMPLETE, BIND_COMPLETE, NO_DATA, complete(b"SELECT 1"), ready())
-    assert link.readies == 1 and not link.server.queue
+    assert link.readies == 1 and not link.server.requests.queue
 
 
 def test_two_names_for_one_statement_in_a_segment_are_not_folded():
@@ -668,7 +670,7 @@ def test_two_names_for_one_statement_in_a_segment_are_not_folded():
     link.take()
     link.send(bind(b"a", params=(b"1",)), execute(), bind(b"b", params=(b"1", b"2")),
               execute(), SYNC)
-    assert len(link.server.queue) == 5  # an error must say whether it was a's or b's Bind
+    assert len(link.server.requests.queue) == 5  # an error must say whether it was a's or b's Bind
     link.reply(BIND_COMPLETE, complete(b"SELECT 1"),
                error("08P01", 'bind message supplies 2 parameters, but prepared statement '
                               '"PYPOOL_1" requires 1'), ready())
@@ -680,9 +682,9 @@ def test_two_names_for_one_statement_in_a_segment_are_not_folded():
 def test_plain_queries_stay_on_the_hot_path():
     link = Link()
     link.send(query(b"SELECT 1"), query(b"SELECT 2"))
-    assert link.server.tracking == 0 and len(link.server.queue) == 2
+    assert link.server.requests.tracking == Tracking.HOT and len(link.server.requests.queue) == 2
     link.reply(ROW_DESCRIPTION, ROW, complete(b"SELECT 1"), ready())
-    assert link.server.tracking == 0 and len(link.server.queue) == 1
+    assert link.server.requests.tracking == Tracking.HOT and len(link.server.requests.queue) == 1
 
 
 # --- a server whose statements went behind the pooler's back -------------------------------
@@ -696,17 +698,17 @@ def test_a_26000_for_our_statement_forgets_the_cache_and_the_next_bind_parses_it
     request, under the client's name; the next Bind closes and parses the statement again."""
     link = prepared_link(Registry())
     link.send(bind(b"s", params=(b"1",)), execute(), SYNC)
-    assert link.server.tracking == 0
+    assert link.server.requests.tracking == Tracking.HOT
     link.reply(MISSING, ready())
     assert link.take()[1] == error("26000", 'prepared statement "s" does not exist') + ready()
-    assert not link.server.lru and link.client.names  # the client still has "s"
+    assert not link.server.cache.lru and link.client.names  # the client still has "s"
     link.send(bind(b"s", params=(b"2",)), execute(), SYNC)
     assert link.to_server == (close(b"S", b"PYPOOL_1") + KEY_PARSE
                               + bind(b"PYPOOL_1", params=(b"2",)) + execute() + SYNC)
     link.reply(CLOSE_COMPLETE, PARSE_COMPLETE, BIND_COMPLETE, ROW, complete(b"SELECT 1"),
                ready())
     assert link.take()[1] == BIND_COMPLETE + ROW + complete(b"SELECT 1") + ready()
-    assert list(link.server.lru) == [link.client.names[b"s"]] and not link.server.stale
+    assert list(link.server.cache.lru) == [link.client.names[b"s"]] and not link.server.cache.stale
 
 
 def test_a_26000_on_the_tracked_path_heals_too():
@@ -728,11 +730,11 @@ def test_a_query_that_may_deallocate_unseen_makes_the_cache_distrusted_when_it_i
     link = prepared_link(Registry())
     link.send(query(DO_DEALLOCATE))
     link.send(bind(b"s"), execute(), SYNC)  # pipelined behind it: waits for its outcome
-    assert link.to_server == query(DO_DEALLOCATE) and link.server.blocked
+    assert link.to_server == query(DO_DEALLOCATE) and link.server.requests.blocked
     link.take()
     link.reply(complete(b"DO"), ready())
-    assert not link.server.lru
-    link.server.blocked = False
+    assert not link.server.cache.lru
+    link.server.requests.blocked = False
     link.send(bind(b"s"), execute(), SYNC)
     assert link.to_server == close(b"S", b"PYPOOL_1") + KEY_PARSE + bind(b"PYPOOL_1") + (
         execute() + SYNC)
@@ -742,13 +744,13 @@ def test_a_prepared_do_block_is_distrusted_at_its_sync():
     link = prepared_link(Registry())
     link.send(parse(b"d", DO_DEALLOCATE), bind(b"d"), execute(), SYNC)
     link.reply(PARSE_COMPLETE, BIND_COMPLETE, complete(b"DO"), ready())
-    assert not link.server.lru
+    assert not link.server.cache.lru
     assert link.server.bind_segment(bind(b"d") + execute() + SYNC, len(bind(b"d"))) is None
     # The unnamed statement too.
     link = prepared_link(Registry())
     link.send(parse(b"", DO_DEALLOCATE), bind(b""), execute(), SYNC)
     link.reply(PARSE_COMPLETE, BIND_COMPLETE, complete(b"DO"), ready())
-    assert not link.server.lru
+    assert not link.server.cache.lru
 
 
 @pytest.mark.parametrize("sql", [b"SELECT 1", b"UPDATE t SET prepared = true",
@@ -759,14 +761,14 @@ def test_statements_that_cannot_deallocate_leave_the_cache_alone(sql: bytes):
     link.reply(complete(b"SELECT 1"), ready())
     link.send(parse(b"", sql), bind(b""), execute(), SYNC)
     link.reply(PARSE_COMPLETE, BIND_COMPLETE, complete(b"SELECT 1"), ready())
-    assert len(link.server.lru) == 1
+    assert len(link.server.cache.lru) == 1
 
 
 def test_a_deallocate_in_a_multi_statement_query_distrusts_the_cache():
     link = prepared_link(Registry())
     link.send(query(b"SELECT 1; DEALLOCATE x"))  # the hot path: only its tags are seen
     link.reply(ROW_DESCRIPTION, ROW, complete(b"SELECT 1"), complete(b"DEALLOCATE"), ready())
-    assert not link.server.lru and link.server.stale
+    assert not link.server.cache.lru and link.server.cache.stale
 
 
 def test_a_prepare_in_a_multi_statement_query_is_dropped_before_another_clients():
@@ -774,7 +776,7 @@ def test_a_prepare_in_a_multi_statement_query_is_dropped_before_another_clients(
     a = Link(registry=registry)
     a.send(query(b"PREPARE q AS SELECT 1; SELECT 1/0"))
     a.reply(complete(b"PREPARE"), error("22012", "division by zero"), ready())
-    assert a.server.sql == {b"q": b""} and not a.client.sql  # the server has some "q"
+    assert a.server.sql.names == {b"q": b""} and not a.client.sql  # the server has some "q"
     server = a.server
     server.detach()
     b = Link(registry=registry)
@@ -785,7 +787,7 @@ def test_a_prepare_in_a_multi_statement_query_is_dropped_before_another_clients(
     assert b.to_server == close(b"S", b"q") + SYNC + query(b"PREPARE q AS SELECT 2")
     b.reply(CLOSE_COMPLETE, ready(), complete(b"PREPARE"), ready())
     assert b.take()[1] == complete(b"PREPARE") + ready()
-    assert server.sql == {b"q": b"PREPARE q AS SELECT 2"}
+    assert server.sql.names == {b"q": b"PREPARE q AS SELECT 2"}
 
 
 def test_prepare_transaction_is_no_statement_and_is_never_replayed():
@@ -800,7 +802,8 @@ def test_prepare_transaction_is_no_statement_and_is_never_replayed():
     a.send(query(text))
     assert a.to_server == query(text)  # alone: no hidden DEALLOCATE before it
     a.reply(complete(b"PREPARE TRANSACTION"), ready())
-    assert not a.client.sql and not a.server.sql and not a.server.stale  # nothing to replay
+    # nothing to replay
+    assert not a.client.sql and not a.server.sql.names and not a.server.cache.stale
     server = a.server
     server.detach()
     b = Link(registry=registry)
@@ -817,7 +820,7 @@ def test_an_unsure_name_is_closed_inside_an_open_segment_without_a_sync():
     a = Link(registry=registry)
     a.send(query(b"PREPARE q AS SELECT 1; SELECT 1/0"))
     a.reply(complete(b"PREPARE"), error("22012", "division by zero"), ready())
-    assert a.server.sql == {b"q": b""}
+    assert a.server.sql.names == {b"q": b""}
     server = a.server
     server.detach()
     b = Link(registry=registry)
@@ -847,7 +850,7 @@ def test_a_duplicate_parse_that_succeeds_means_the_server_had_lost_the_statement
     link.send(parse(b"s", b"SELECT 2"), SYNC)
     assert link.to_server == parse(b"PYPOOL_1", b"SELECT 2") + SYNC
     link.reply(PARSE_COMPLETE, ready())  # PostgreSQL would have said 42P05
-    assert not link.server.lru and link.client.names[b"s"] in link.server.stale
+    assert not link.server.cache.lru and link.client.names[b"s"] in link.server.cache.stale
     link.take()
     link.send(bind(b"s"), execute(), SYNC)
     assert link.to_server.startswith(close(b"S", b"PYPOOL_1") + KEY_PARSE)
@@ -859,7 +862,8 @@ def test_a_skipped_close_of_a_stale_statement_stays_stale():
     link.send(bind(b"s"), execute(), SYNC)
     link.reply(error("25P02", "current transaction is aborted"), ready("E"))
     stmt = link.client.names[b"s"]
-    assert stmt in link.server.stale and not link.server.lru and not link.server.undoable
+    assert stmt in link.server.cache.stale and not link.server.cache.lru
+    assert not link.server.requests.undoable
 
 
 def test_stale_statements_nobody_uses_are_not_kept():
@@ -870,7 +874,7 @@ def test_stale_statements_nobody_uses_are_not_kept():
     link.reply(ready())
     assert not registry.statements
     link.server.distrust("again")
-    assert not link.server.stale
+    assert not link.server.cache.stale
 
 
 # --- the driver fast path and the pipelining verdict ----------------------------------------
@@ -892,8 +896,11 @@ def state(st: ServerStatements) -> tuple[object, ...]:
             return type(value)(named(item) for item in value)
         return getattr(value, "name", value)
 
-    return (named(list(st.queue)), st.tracking, st.readies_queued, st.segment,
-            st.last_neutral, st.open_count, [(k.name, v) for k, v in st.lru.items()])
+    rq = st.requests
+    return (named([(r.wait, r.swallow, r.op, r.stmt, r.name, r.segment, r.payload)
+                   for r in rq.queue]),
+            rq.tracking, rq.readies_queued, rq.segment,
+            st.last_neutral, rq.open_count, [(k.name, v) for k, v in st.cache.lru.items()])
 
 
 @pytest.mark.parametrize("tail", [describe(b"P", b"") + execute() + SYNC, execute() + SYNC])
@@ -911,7 +918,7 @@ def test_bind_segment_does_what_message_by_message_does(tail: bytes) -> None:
     # The replies stream through to the ReadyForQuery either way.
     for link in (fast, slow):
         link.reply(BIND_COMPLETE, ROW_DESCRIPTION, ROW, complete(b"SELECT 1"), ready())
-        assert link.to_client.endswith(ready()) and not link.server.queue
+        assert link.to_client.endswith(ready()) and not link.server.requests.queue
 
 
 def test_bind_segment_leaves_the_rest_to_the_general_path() -> None:
@@ -926,7 +933,8 @@ def test_bind_segment_leaves_the_rest_to_the_general_path() -> None:
     other.client.names[b"s"] = link.client.names[b"s"]
     data = bind(b"s") + execute() + SYNC
     assert other.server.bind_segment(data, driver_segment(data)) is None
-    assert not st.queue and not other.server.queue  # nothing was queued on the way
+    # nothing was queued on the way
+    assert not st.requests.queue and not other.server.requests.queue
 
 
 @pytest.mark.parametrize("data", [

@@ -1,4 +1,5 @@
-"""The query_wait_timeout guard's bookkeeping, sans-IO (pypool/pooling/prepared/guard.py):
+"""The query_wait_timeout guard's bookkeeping, sans-IO (pypool/pooling/pipeline_guard.py and
+pypool/pooling/prepared/guard_statement.py):
 a head's transaction and a follower's, with its guard, queued on one ServerStatements, and
 the server's replies fed to it as the glue would.
 
@@ -10,9 +11,9 @@ server, again when the server lost it, and closed first when that is not known.
 
 from __future__ import annotations
 
-from pypool.pooling.prepared import ClientStatements, Registry, ServerStatements
-from pypool.pooling.prepared.guard import (
-    FAILED,
+from pypool.pooling.pipeline_guard import FAILED, PASSED, PENDING, SKIPPED, Guard
+from pypool.pooling.prepared import ClientStatements, Registry, ServerStatements, Tracking
+from pypool.pooling.prepared.guard_statement import (
     GUARD_ABSENT,
     GUARD_CLOSE,
     GUARD_EXECUTE,
@@ -20,10 +21,6 @@ from pypool.pooling.prepared.guard import (
     GUARD_PARSE,
     GUARD_PARSED,
     GUARD_UNSURE,
-    PASSED,
-    PENDING,
-    SKIPPED,
-    Guard,
     guard_bind,
 )
 from pypool.protocol import messages as m
@@ -82,7 +79,7 @@ class Line:
 def test_the_guard_opens_the_followers_segment_and_its_replies_are_swallowed():
     line = Line()
     assert line.guard_bytes == GUARD_PARSE + guard_bind(DEADLINE) + GUARD_EXECUTE
-    assert line.server.guard_statement == GUARD_PARSED
+    assert line.server.guard.state == GUARD_PARSED
     line.follower.send(parse(b"", INSERT), bind(b"", params=(b"1",)), execute(), SYNC)
     assert line.follower.take()[0] == parse(b"", INSERT) + bind(b"", params=(b"1",)) \
         + execute() + SYNC
@@ -92,7 +89,8 @@ def test_the_guard_opens_the_followers_segment_and_its_replies_are_swallowed():
     assert line.follower.take()[1] == (PARSE_COMPLETE + BIND_COMPLETE + complete(b"INSERT 0 1")
                                        + ready())
     assert line.guard.state == PASSED and line.verdicts == [PASSED]
-    assert not line.server.queue and line.server.readies_queued == line.server.readies_done
+    requests = line.server.requests
+    assert not requests.queue and requests.readies_queued == requests.readies_done
     # Parsed once per server: the next guard there is a Bind and an Execute.
     again = Guard("next", 0.0, DEADLINE + 1, lambda guard: None)
     assert line.server.queue_guard(again) == guard_bind(DEADLINE + 1) + GUARD_EXECUTE
@@ -114,10 +112,11 @@ def test_a_folded_follower_segment_streams_once_the_guard_has_passed():
     assert line.follower.take()[0] == bind(b"PYPOOL_1", params=(b"7",)) + execute() + SYNC
     line.head_done()
     line.follower.reply(PARSE_COMPLETE, BIND_COMPLETE, complete(b"SELECT 0"))
-    assert line.server.tracking == 0  # the follower's folded segment is on the hot path
+    # the follower's folded segment is on the hot path
+    assert line.server.requests.tracking == Tracking.HOT
     line.follower.reply(BIND_COMPLETE, ROW, complete(b"SELECT 1"), ready())
     assert line.follower.take()[1] == BIND_COMPLETE + ROW + complete(b"SELECT 1") + ready()
-    assert line.guard.state == PASSED and not line.server.queue
+    assert line.guard.state == PASSED and not line.server.requests.queue
 
 
 def test_past_its_deadline_the_followers_transaction_is_skipped_and_it_is_refused():
@@ -130,15 +129,15 @@ def test_past_its_deadline_the_followers_transaction_is_skipped_and_it_is_refuse
     assert line.verdicts == [FAILED] and line.guard.state == FAILED
     # Only the follower's Sync is left: its ReadyForQuery (the glue drops it, the client
     # being gone), on the hot path.
-    assert line.server.tracking == 0 and len(line.server.queue) == 1
+    assert line.server.requests.tracking == Tracking.HOT and len(line.server.requests.queue) == 1
     line.follower.reply(ready())
     assert line.follower.take()[1] == ready()
-    assert line.verdicts == [FAILED] and not line.server.queue
+    assert line.verdicts == [FAILED] and not line.server.requests.queue
     # The skipped Parse is forgotten by the server and by the client.
     assert b"ins" not in line.follower.client.names
-    assert not line.server.lru and len(line.registry) == 0
+    assert not line.server.cache.lru and len(line.registry) == 0
     # The server serves on; the guard statement is still there.
-    assert line.server.guard_statement == GUARD_PARSED
+    assert line.server.guard.state == GUARD_PARSED
     assert line.server.detach()
     nxt = Link(registry=line.registry)
     nxt.move_to(line.server)
@@ -160,7 +159,7 @@ def test_another_error_of_the_guard_is_the_followers_own():
     line.follower.reply(PARSE_COMPLETE, lost, ready())
     assert line.follower.take()[1] == lost + ready()
     assert line.verdicts == [] and line.guard.state == SKIPPED
-    assert line.server.guard_statement == GUARD_ABSENT
+    assert line.server.guard.state == GUARD_ABSENT
     again = Guard("next", 0.0, DEADLINE, lambda guard: None)
     assert line.server.queue_guard(again).startswith(GUARD_PARSE)
 
@@ -173,7 +172,7 @@ def test_a_cancel_landing_on_the_guard_is_the_followers_error():
     line.follower.reply(PARSE_COMPLETE, BIND_COMPLETE, canceled, ready())
     assert line.follower.take()[1] == canceled + ready()
     assert line.verdicts == [] and line.guard.state == SKIPPED
-    assert line.server.guard_statement == GUARD_PARSED
+    assert line.server.guard.state == GUARD_PARSED
 
 
 def test_a_guard_statement_the_server_may_have_is_closed_before_it_is_parsed_again():
@@ -183,7 +182,7 @@ def test_a_guard_statement_the_server_may_have_is_closed_before_it_is_parsed_aga
     line.follower.reply(PARSE_COMPLETE, BIND_COMPLETE, complete(b"SELECT 0"), PARSE_COMPLETE,
                         BIND_COMPLETE, complete(b"INSERT 0 1"), ready())
     line.server.distrust("a test")
-    assert line.server.guard_statement == GUARD_UNSURE
+    assert line.server.guard.state == GUARD_UNSURE
     # The next follower on this server: its guard closes the name first (never fails).
     assert line.server.detach()
     line2 = Line(server=line.server, registry=line.registry)
@@ -195,20 +194,20 @@ def test_a_guard_statement_the_server_may_have_is_closed_before_it_is_parsed_aga
                          PARSE_COMPLETE, BIND_COMPLETE, complete(b"INSERT 0 1"), ready())
     assert line2.follower.take()[1] == (PARSE_COMPLETE + BIND_COMPLETE
                                         + complete(b"INSERT 0 1") + ready())
-    assert line2.server.guard_statement == GUARD_PARSED
+    assert line2.server.guard.state == GUARD_PARSED
 
 
 def test_deallocate_all_drops_the_guard_statement_unless_its_parse_is_queued_behind():
     st = ServerStatements(Registry(), 10)
     st.attach(ClientStatements(st.registry, 0))
-    st.guard_statement = GUARD_PARSED
+    st.guard.state = GUARD_PARSED
     st.clear()
-    assert st.guard_statement == GUARD_ABSENT
+    assert st.guard.state == GUARD_ABSENT
     st.queue_guard(Guard("f", 0.0, DEADLINE, lambda guard: None))
     st.clear()  # a DEALLOCATE ALL ahead of the queued Parse: that Parse makes it again
-    assert st.guard_statement == GUARD_PARSED
+    assert st.guard.state == GUARD_PARSED
     st.close()
-    assert st.guard_statement == GUARD_ABSENT
+    assert st.guard.state == GUARD_ABSENT
 
 
 def test_the_guard_is_bound_to_its_deadline_in_postgres_binary_time():

@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from .guard import Guard
+    from ..pipeline_guard import Guard
 
 PREFIX: Final = b"PYPOOL_"
 # A name no server ever has (the registry counts from 1): what the pooler sends when it needs
@@ -136,7 +136,8 @@ class ClientStatements:
         self.registry = registry
         self.cap = cap  # max_client_prepared_statements; 0 means no cap
         # The query_wait_timeout guard of its transaction while it is queued on a busy
-        # server's line (guard.py, net/pipeline.py); None once that server is released.
+        # server's line (pooling/pipeline_guard.py, net/pipeline.py); None once that server
+        # is released.
         self.guard: Guard | None = None
 
     def __len__(self) -> int:
@@ -154,5 +155,5 @@ class ClientStatements:
 def totals(clients: Any, servers: Any) -> dict[str, int]:
     """Statement counts for reporting: objects with a `statements` attribute each."""
     client_total = sum(len(c.statements) for c in clients if c.statements is not None)
-    server_total = sum(len(s.statements.lru) for s in servers if s.statements is not None)
+    server_total = sum(len(s.statements.cache.lru) for s in servers if s.statements is not None)
     return {"client_statements": client_total, "server_statements": server_total}

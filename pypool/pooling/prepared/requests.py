@@ -1,11 +1,10 @@
-"""The vocabulary of the request queue (see rewriter.py): what a queued request waits for,
-what happens when it completes or is skipped, the verdicts on a server reply, and the few
-frontend and backend messages the pooler makes up itself.
+"""The vocabulary of the request queue (request_queue.py): a queued `Request`, what it waits
+for (`Wait`), what happens when it completes or is skipped (`Op`), how replies are read
+(`Tracking`), the verdicts on a server reply (`Verdict`), and the few frontend and backend
+messages the pooler makes up itself.
 
-A request is a plain tuple, `(wait, swallow, op, stmt, client name, segment, payload)`, and
-the common ones are shared constants. (As Python, queueing one allocates nothing; compiled,
-mypyc holds tuples unboxed and boxes a new one where it is queued, so compare them with ==,
-never `is`.)
+The code sets are classes of Final ints, not Enums: they are read on every message, and
+compiled, a Final int is a constant (as ClientEvent in core/states.py).
 """
 
 from __future__ import annotations
@@ -17,76 +16,121 @@ from ...protocol import messages as m
 if TYPE_CHECKING:
     from .registry import Statement
 
-# What completes a queued request.
-W_SYNTHETIC: Final = 0  # nothing from the server: the pooler answers when it reaches the head
-W_PARSE: Final = 1  # ParseComplete
-W_BIND: Final = 2  # BindComplete
-W_CLOSE: Final = 3  # CloseComplete
-W_DESCRIBE: Final = 4  # RowDescription or NoData (after a ParameterDescription for a statement)
-W_EXECUTE: Final = 5  # CommandComplete, EmptyQueryResponse or PortalSuspended
-W_SYNC: Final = 6  # ReadyForQuery of a Sync; an error skip stops here
-W_READY: Final = 7  # ReadyForQuery of a Query or FunctionCall; skipped after an error like the rest
 
-# What to do when a request completes (ok) or is skipped after an error (failed).
-OP_NONE: Final = 0
-OP_PARSE: Final = 1  # the client's named Parse, sent: failed -> forget in server and client maps
-OP_PARSE_HIT: Final = 2  # the client's named Parse, answered by the pooler: failed -> forget it
-OP_INJECT: Final = 3  # the pooler's Parse before a Bind/Describe: failed -> forget in server map
-OP_EVICT: Final = 4  # the pooler's Close of an LRU statement: ok -> drop ref; failed -> back in LRU
-OP_CLOSE: Final = 5  # the client's Close, answered by the pooler: ok -> drop ref; failed -> restore
-OP_NAMED: Final = 6  # Bind/Describe of a named statement: kept to name it in a server error
-OP_SQL: Final = 7  # the client's PREPARE/DEALLOCATE query: applied when its tag confirms it
-OP_HIDDEN: Final = 8  # the pooler's own SQL-level PREPARE/DEALLOCATE: failed -> forget the name
-OP_FAIL: Final = 9  # a Describe of PROBE sent to make the server fail: its error is replaced
-OP_RENAME: Final = 10  # a Sync standing for a whole segment of plain requests (see _sync)
-OP_DISTRUST: Final = 11  # a Sync or Query that may change the server's statements unseen:
-#                          done -> forget the server's cache (ServerStatements.distrust)
-OP_STALE: Final = 12  # the pooler's Close of a statement the server may have lost or kept,
-#                       before it is parsed again: failed -> still unsure
-OP_GUARD: Final = 13  # a request of the query_wait_timeout guard before a pipelined client's
-#                       transaction (guard.py): payload the Guard; its deadline error swallowed
-UNDOABLE: Final = frozenset((OP_PARSE, OP_PARSE_HIT, OP_INJECT, OP_EVICT, OP_CLOSE, OP_SQL,
-                             OP_HIDDEN, OP_DISTRUST, OP_STALE))
+class Wait:
+    """What completes a queued request."""
 
-# A request: (wait, swallow, op, stmt, client name, segment, payload). `segment` counts the
-# Syncs queued before it on this server; `payload` is the synthesised reply (W_SYNTHETIC) or
-# the SqlCommand (OP_SQL).
-Request = tuple[int, bool, int, "Statement | None", "bytes | None", int, Any]
-# Its fields by name (a NamedTuple would cost a Python-level constructor per request, and
-# mypyc boxes it: measured 2.5x slower to queue and read than a plain tuple).
-R_WAIT: Final = 0
-R_SWALLOW: Final = 1
-R_OP: Final = 2
-R_STMT: Final = 3
-R_NAME: Final = 4
-R_SEGMENT: Final = 5
-R_PAYLOAD: Final = 6
+    SYNTHETIC: Final = 0  # nothing from the server: the pooler answers when it is at the head
+    PARSE: Final = 1  # ParseComplete
+    BIND: Final = 2  # BindComplete
+    CLOSE: Final = 3  # CloseComplete
+    DESCRIBE: Final = 4  # RowDescription or NoData (after a ParameterDescription for a statement)
+    EXECUTE: Final = 5  # CommandComplete, EmptyQueryResponse or PortalSuspended
+    SYNC: Final = 6  # ReadyForQuery of a Sync; an error skip stops here
+    READY: Final = 7  # ReadyForQuery of a Query or FunctionCall; an error skips it like the rest
 
-PLAIN_PARSE: Final[Request] = (W_PARSE, False, OP_NONE, None, None, 0, None)
-PLAIN_BIND: Final[Request] = (W_BIND, False, OP_NONE, None, None, 0, None)
-PLAIN_CLOSE: Final[Request] = (W_CLOSE, False, OP_NONE, None, None, 0, None)
-PLAIN_DESCRIBE: Final[Request] = (W_DESCRIBE, False, OP_NONE, None, None, 0, None)
-PLAIN_EXECUTE: Final[Request] = (W_EXECUTE, False, OP_NONE, None, None, 0, None)
-PLAIN_SYNC: Final[Request] = (W_SYNC, False, OP_NONE, None, None, 0, None)
-HIDDEN_SYNC: Final[Request] = (W_SYNC, True, OP_NONE, None, None, 0, None)
-PLAIN_QUERY: Final[Request] = (W_READY, False, OP_NONE, None, None, 0, None)
+
+class Op:
+    """What to do when a request completes (ok) or is skipped after an error (failed)."""
+
+    NONE: Final = 0
+    PARSE: Final = 1  # the client's named Parse, sent: failed -> forget in server and client maps
+    PARSE_HIT: Final = 2  # the client's named Parse, answered by the pooler: failed -> forget it
+    INJECT: Final = 3  # the pooler's Parse before a Bind/Describe: failed -> forget in server map
+    EVICT: Final = 4  # the pooler's Close of an LRU statement: ok -> drop ref; failed -> to LRU
+    CLOSE: Final = 5  # the client's Close, answered by the pooler: ok -> drop ref; failed -> back
+    NAMED: Final = 6  # Bind/Describe of a named statement: kept to name it in a server error
+    SQL: Final = 7  # the client's PREPARE/DEALLOCATE query: applied when its tag confirms it
+    HIDDEN: Final = 8  # the pooler's own SQL-level PREPARE/DEALLOCATE: failed -> forget the name
+    FAIL: Final = 9  # a Describe of PROBE sent to make the server fail: its error is replaced
+    RENAME: Final = 10  # a Sync standing for a whole segment of plain requests (see `fold`)
+    DISTRUST: Final = 11  # a Sync or Query that may change the server's statements unseen:
+    #                       done -> forget the server's cache (ServerStatements.distrust)
+    STALE: Final = 12  # the pooler's Close of a statement the server may have lost or kept,
+    #                    before it is parsed again: failed -> still unsure
+    GUARD: Final = 13  # a request of the query_wait_timeout guard before a pipelined client's
+    #                    transaction (guard_statement.py): payload the Guard; its deadline
+    #                    error swallowed
+
+
+# Operations an error may undo (see RequestQueue.undoable).
+UNDOABLE: Final = frozenset((Op.PARSE, Op.PARSE_HIT, Op.INJECT, Op.EVICT, Op.CLOSE, Op.SQL,
+                             Op.HIDDEN, Op.DISTRUST, Op.STALE))
+
+
+class Tracking:
+    """How the server's replies must be read (RequestQueue.tracking)."""
+
+    HOT: Final = 0  # the hot path: the queue is empty or its head is a plain Sync or Query (or
+    #                 a folded segment), done at the next ReadyForQuery
+    EACH: Final = 1  # one message at a time, matched to the request at the queue's head
+    SYNTHETIC: Final = 2  # as EACH, but a reply the pooler makes is at the head: it goes to the
+    #                       client before the next server message
+
+
+class Verdict:
+    """What the glue does with a server reply read while tracking (RequestQueue.reply)."""
+
+    FORWARD: Final = 0  # pass it to the client
+    SWALLOW: Final = 1  # the client must not see it
+    READY: Final = 2  # pass it: it is a ReadyForQuery the client is owed
+    REPLACE: Final = 3  # send `RequestQueue.replacement` instead
+
+
+# The verdicts under their old names, which the glue and tests use.
+FORWARD: Final = Verdict.FORWARD
+SWALLOW: Final = Verdict.SWALLOW
+READY: Final = Verdict.READY
+REPLACE: Final = Verdict.REPLACE
+
+
+class Request:
+    """One request sent to the server on the client's behalf (or answered by the pooler).
+
+    The common ones are shared constants (PLAIN_*): never change a Request's fields after it
+    is made. Compiled, this is a native class: making one is one allocation and reading a
+    field one load, no dearer than the plain tuple it replaced."""
+
+    __slots__ = ("wait", "swallow", "op", "stmt", "name", "segment", "payload")
+
+    def __init__(self, wait: int, swallow: bool = False, op: int = Op.NONE,
+                 stmt: Statement | None = None, name: bytes | None = None, segment: int = 0,
+                 payload: Any = None) -> None:
+        self.wait = wait  # Wait: the reply that completes it
+        self.swallow = swallow  # whether that reply is kept from the client
+        self.op = op  # Op: what its completion or skip does
+        self.stmt = stmt  # the Statement it is about, if any
+        self.name = name  # the client's name for it (or a SQL-level name)
+        self.segment = segment  # the Syncs queued before it on this server
+        # The synthesised reply (Wait.SYNTHETIC), the replacement error (Op.FAIL), the
+        # SqlCommand (Op.SQL), (text, before) (Op.HIDDEN), the folded names (Op.RENAME), or
+        # the Guard (Op.GUARD).
+        self.payload = payload
+
+    def __repr__(self) -> str:
+        return (f"<Request wait={self.wait} op={self.op} swallow={self.swallow} "
+                f"name={self.name!r} segment={self.segment}>")
+
+
+PLAIN_PARSE: Final = Request(Wait.PARSE)
+PLAIN_BIND: Final = Request(Wait.BIND)
+PLAIN_CLOSE: Final = Request(Wait.CLOSE)
+PLAIN_DESCRIBE: Final = Request(Wait.DESCRIBE)
+PLAIN_EXECUTE: Final = Request(Wait.EXECUTE)
+PLAIN_SYNC: Final = Request(Wait.SYNC)
+HIDDEN_SYNC: Final = Request(Wait.SYNC, True)
+PLAIN_QUERY: Final = Request(Wait.READY)
 
 # Which reply completes which wait, indexed by the reply's type byte.
 COMPLETES: Final = [-1] * 256
-COMPLETES[ord("1")] = W_PARSE
-COMPLETES[ord("2")] = W_BIND
-COMPLETES[ord("3")] = W_CLOSE
-COMPLETES[ord("T")] = W_DESCRIBE
-COMPLETES[ord("n")] = W_DESCRIBE
-COMPLETES[ord("C")] = W_EXECUTE
-COMPLETES[ord("I")] = W_EXECUTE
-COMPLETES[ord("s")] = W_EXECUTE
-
-# Verdicts on a server reply.
-FORWARD: Final = 0  # pass it to the client
-SWALLOW: Final = 1  # the client must not see it
-READY: Final = 2  # pass it: it is a ReadyForQuery the client is owed
-REPLACE: Final = 3  # send `ServerStatements.replacement` instead
+COMPLETES[ord("1")] = Wait.PARSE
+COMPLETES[ord("2")] = Wait.BIND
+COMPLETES[ord("3")] = Wait.CLOSE
+COMPLETES[ord("T")] = Wait.DESCRIBE
+COMPLETES[ord("n")] = Wait.DESCRIBE
+COMPLETES[ord("C")] = Wait.EXECUTE
+COMPLETES[ord("I")] = Wait.EXECUTE
+COMPLETES[ord("s")] = Wait.EXECUTE
 
 # A SQL-level name in `ServerStatements.sql` that the server may or may not have (after
 # something ran there that the pooler could not follow): dropped with a Close, never fails.
@@ -99,14 +143,15 @@ PARSE_COMPLETE: Final = m.parse_complete()
 CLOSE_COMPLETE: Final = m.close_complete()
 
 
-class Wait:
-    """Returned for a client message whose fate depends on a reply still owed."""
+class Hold:
+    """The type of WAIT: returned for a client message whose fate depends on a reply still
+    owed (the glue holds it, and what follows it, until the queue moves on)."""
 
     def __repr__(self) -> str:
         return "WAIT"
 
 
-WAIT: Final = Wait()
+WAIT: Final = Hold()
 
 
 # --- messages the pooler makes up ---------------------------------------------------------

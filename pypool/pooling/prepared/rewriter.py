@@ -1,13 +1,22 @@
-"""The rewriting of the linked client's Parse, Bind, Describe, Close and Sync for one
-server: `ServerStatements`, the class the glue (net/client.py, net/server.py) holds per
-server.
+"""One server's prepared statements: `ServerStatements`, the class the glue (net/client.py,
+net/server.py) holds per server, and the rewriting of the linked client's Parse, Bind,
+Describe, Close and Sync for that server.
 
-`ServerStatements.from_client` takes one client message and returns what to send instead
-(or WAIT); `bind_segment` does the steady state of libpq-style drivers in one step; `_sync`
-folds a segment of plain requests into its Sync, and says whether the segment is sure to end
-the transaction it began (`last_neutral`, for pipelining). The layers below it are the
-request queue (request_queue.py: `reply`, `pop_ready`), the per-server LRU (cache.py) and
-the SQL-level names (sql.py). The theory of operation is in this package's __init__.py.
+It is composed of one part per job, each a field:
+  requests  RequestQueue (request_queue.py): what is outstanding on the server, matched to
+            its replies; the glue reads replies through it (`reply`, `pop_ready`, `tracking`)
+  cache     ServerCache (cache.py): the LRU of the Statements prepared there
+  sql       SqlNames (sql.py): the SQL-level names prepared there, and PREPARE/EXECUTE/...
+  guard     GuardStatement (guard_statement.py): the query_wait_timeout guard's statement
+and `client`, the linked client's ClientStatements (registry.py). The parts never call each
+other back: when a request settles, the queue tells this class (`settled`, `command_tag`,
+`distrust`..., the queue's `Outcomes`), and it hands the work to the part that owns it.
+
+`from_client` takes one client message and returns what to send instead (or WAIT);
+`bind_segment` does the steady state of libpq-style drivers in one step; `_sync` folds a
+segment of plain requests into its Sync, and says whether the segment is sure to end the
+transaction it began (`last_neutral`, for pipelining). The theory of operation is in this
+package's __init__.py.
 """
 
 from __future__ import annotations
@@ -18,7 +27,8 @@ from typing import TYPE_CHECKING, Final
 from ...protocol import errors
 from ...protocol import messages as m
 from ...protocol.framing import be32
-from .guard import Guards
+from .cache import ServerCache
+from .guard_statement import GuardStatement
 from .registry import (
     PROBE,
     ClientStatements,
@@ -28,16 +38,9 @@ from .registry import (
     neutral_text,
     touches_text,
 )
+from .request_queue import RequestQueue
 from .requests import (
     CLOSE_COMPLETE,
-    OP_CLOSE,
-    OP_DISTRUST,
-    OP_FAIL,
-    OP_NAMED,
-    OP_NONE,
-    OP_PARSE,
-    OP_PARSE_HIT,
-    OP_RENAME,
     PARSE_COMPLETE,
     PLAIN_BIND,
     PLAIN_CLOSE,
@@ -46,13 +49,11 @@ from .requests import (
     PLAIN_PARSE,
     PLAIN_QUERY,
     PLAIN_SYNC,
-    W_BIND,
-    W_CLOSE,
-    W_DESCRIBE,
-    W_PARSE,
-    W_SYNC,
-    W_SYNTHETIC,
     WAIT,
+    Hold,
+    Op,
+    Request,
+    Tracking,
     Wait,
     close_statement,
     describe_statement,
@@ -60,12 +61,17 @@ from .requests import (
     parse_message,
     shown,
 )
-from .sql import SQL_FIRST
+from .sql import SQL_FIRST, SqlNames
 
 if TYPE_CHECKING:
+    from ..pipeline_guard import Guard
     from ..pool import PoolStats
 
 log = logging.getLogger("pypool.prepared")
+
+# The operations the ServerCache applies or undoes when they settle.
+_CACHE_OPS: Final = frozenset((Op.PARSE, Op.PARSE_HIT, Op.INJECT, Op.EVICT, Op.CLOSE,
+                               Op.STALE))
 
 # What follows the Bind in a libpq-style execution of a prepared statement (PQexecPrepared:
 # Describe of the unnamed portal, Execute of it with no row limit, Sync; some drivers leave
@@ -102,17 +108,18 @@ def driver_segment(data: bytes) -> int:
     return 0
 
 
-def _ambiguous(renames: list[tuple[Statement, bytes]]) -> bool:
-    """Whether one statement goes by two client names in these."""
-    seen: dict[int, bytes] = {}
-    return any(seen.setdefault(id(stmt), name) != name for stmt, name in renames)
 
-
-class ServerStatements(Guards):
+class ServerStatements:
     """One server's prepared statements and the requests outstanding on it."""
 
     def __init__(self, registry: Registry, cap: int, stats: PoolStats | None = None) -> None:
-        super().__init__(registry, cap, stats)
+        self.registry = registry
+        self.stats = stats
+        self.client: ClientStatements | None = None  # the linked client's statements
+        self.requests = RequestQueue(self)
+        self.cache = ServerCache(registry, cap, self.requests, stats)
+        self.sql = SqlNames(self.requests, self.cache)
+        self.guard = GuardStatement(self.requests)
         # Whether the open segment, and the last one a Sync closed, can only end with the
         # server idle when they began with it idle: nothing in them but Binds of neutral
         # statements (Statement.neutral), Describe and Execute of portals, folded into one
@@ -131,54 +138,126 @@ class ServerStatements(Guards):
         """A client is linked: returns the hidden queries that give this server the client's
         SQL-level statements (their replies are swallowed)."""
         self.client = client
-        self.epoch += 1
-        self.open_fine = False
-        self.open_count = 0
-        self.open_renames.clear()
+        self.cache.epoch += 1
+        self.requests.attach()
         self.open_neutral = True
         self.last_neutral = False
         self.unnamed_neutral = False
         self.unnamed_touches = False
         self.open_touches = False
-        return self._attach_sql(client)
+        return self.sql.attach(client)
 
     def detach(self) -> bool:
         """The client leaves. False if requests are still queued (a bug: close the server)."""
         self.client = None
-        self.discarding = False
-        self.blocked = False
-        self.readies_queued = self.readies_done = 0
-        self.undoable.clear()
-        self.to_client.clear()
-        if self.queue:
+        self.requests.detach()
+        if self.requests.queue:
             self.close()
             return False
         return True
 
+    def close(self) -> None:
+        """The server is gone: give back every reference it held."""
+        self.cache.close(self.requests.close())
+        self.sql.names.clear()
+        self.guard.clear()
+
+    def queue_guard(self, guard: Guard) -> bytes:
+        """Queue a pipelined follower's query_wait_timeout guard (guard_statement.py)."""
+        return self.guard.queue_guard(guard)
+
+    # --- what settled requests mean (the request queue's Outcomes) --------------------------
+
+    def settled(self, request: Request, ok: bool) -> None:
+        """A request completed (ok) or was skipped: the part that owns its operation applies
+        or undoes it."""
+        op = request.op
+        if op in _CACHE_OPS:
+            self.cache.settled(request, ok, self.client)
+        elif op == Op.SQL:
+            if ok and self.sql.done(request, self.client):
+                self.distrust("a multi-statement query that prepares or deallocates ran")
+        elif op == Op.HIDDEN:
+            if not ok:
+                self.sql.undo_hidden(request)
+        elif op == Op.GUARD:
+            self.guard.settled(request, ok)
+        elif op == Op.DISTRUST:
+            if ok:
+                self.distrust("a query that may deallocate ran")
+        elif op == Op.NAMED:
+            if ok and request.wait == Wait.PARSE and request.stmt is not None:
+                # A duplicate Parse, sent under the name of a statement the server should
+                # have, succeeded: the server had lost it, and now has another text under
+                # its name. Close that before it is parsed here again.
+                self.distrust("a duplicate Parse found it missing")
+                self.cache.stale.add(request.stmt)
+
+    def hidden_failed(self, request: Request) -> None:
+        self.sql.undo_hidden(request)
+
+    def guard_error(self, body: bytes, request: Request) -> int:
+        if self.guard.lost(body, request):
+            self.distrust("the guard statement was missing")
+        return self.guard.error(body, request)
+
+    def command_tag(self, body: bytes) -> None:
+        """A CommandComplete (the glue calls this on the hot path for tags with "D"): DISCARD
+        ALL and DEALLOCATE ALL drop every statement, and a DEALLOCATE the pooler did not
+        follow leaves it not knowing which."""
+        if body[:1] != b"D":
+            return
+        if body.startswith(b"DEALLOCATE ALL") or body.startswith(b"DISCARD ALL"):
+            self.clear()
+        elif body.startswith(b"DEALLOCATE\x00"):
+            queue = self.requests.queue
+            op = queue[0].op if queue else Op.NONE
+            if op != Op.SQL and op != Op.HIDDEN:
+                # Not one the pooler follows (`SELECT 1; DEALLOCATE x`): which one is unknown.
+                self.distrust("an untracked DEALLOCATE ran")
+
+    def distrust(self, why: str) -> None:
+        """Something ran on the server that the pooler could not follow and that may have
+        dropped prepared statements (a DO block running DEALLOCATE ALL, a function, a
+        DEALLOCATE in a multi-statement query), or a Bind found one missing (26000). The
+        cache cannot be trusted: forget it (ServerCache.forget); the SQL-level names and the
+        guard statement become unsure."""
+        self.cache.forget(why)
+        self.sql.forget()
+        self.guard.forget()
+
+    def clear(self) -> None:
+        """The server dropped every prepared statement (DEALLOCATE ALL, DISCARD ALL): so did
+        the linked client. Parses still queued behind it will exist again."""
+        queued = self.requests.queue
+        self.cache.clear(self.client, queued)
+        self.sql.clear(self.client)
+        self.guard.clear(queued)
+
     # --- client messages ------------------------------------------------------------------
 
-    def from_client(self, kind: int, data: bytes, pos: int, end: int) -> bytes | Wait | None:
+    def from_client(self, kind: int, data: bytes, pos: int, end: int) -> bytes | Hold | None:
         """One client message at data[pos:end]: None to send it unchanged, bytes to send
         instead (b"" for nothing), or WAIT to hold it and everything after it for now.
 
         Only Parse, Bind, Describe and Close (and Query, for the SQL-level commands) need
         the whole message; for the others `end` may lie beyond the data."""
-        if self.discarding:
+        requests = self.requests
+        if requests.discarding:
             if kind != m.SYNC:
                 return b""
-            self.discarding = False
+            requests.discarding = False
         if kind == m.QUERY and data[pos + 5] not in SQL_FIRST:  # the simple protocol's hot path
             self.open_neutral = False
             # Looked at only if the pooler asks (`neutral_tail`): most Queries never are.
             self.last_neutral = None
             self._last_query = (data, pos + 5, end - 1)
-            queue = self.queue
-            queue.append(PLAIN_QUERY)  # `_push`, inlined; at the head it needs no tracking
-            self.readies_queued += 1
-            self.open_count += 1
-            self.open_fine = True
+            requests.queue.append(PLAIN_QUERY)  # `push`, inlined; at the head it needs no
+            requests.readies_queued += 1        # tracking
+            requests.open_count += 1
+            requests.open_fine = True
             return None
-        # The unnamed statement and portals, Execute: queued as they are (`_push`, inlined:
+        # The unnamed statement and portals, Execute: queued as they are (`push`, inlined:
         # the hot path of every driver).
         if kind == m.EXECUTE:
             plain = PLAIN_EXECUTE
@@ -208,11 +287,11 @@ class ServerStatements(Guards):
             plain = PLAIN_DESCRIBE
         else:
             return self._other(kind, data, pos, end)
-        queue = self.queue
+        queue = requests.queue
         queue.append(plain)
-        self.open_count += 1
+        requests.open_count += 1
         if len(queue) == 1:
-            self.tracking = 1  # what _retrack would say of these at the head
+            requests.tracking = Tracking.EACH  # what retrack would say of these at the head
         return None
 
     def neutral_tail(self) -> bool:
@@ -232,7 +311,8 @@ class ServerStatements(Guards):
         as `from_client` message by message would end up doing (Bind renamed, the requests
         folded into the Sync); else None, and the caller goes message by message (which
         also reports a malformed Bind)."""
-        if self.discarding or self.blocked or self.undoable or self.open_count:
+        requests = self.requests
+        if requests.discarding or requests.blocked or requests.undoable or requests.open_count:
             return None
         try:
             portal_end = data.index(0, 5, bind_end)
@@ -244,21 +324,22 @@ class ServerStatements(Guards):
             return None
         name = data[portal_end + 1 : name_end]
         stmt = client.names.get(name)
-        if stmt is None or stmt not in self.lru or stmt.touches:
+        if stmt is None or stmt not in self.cache.lru or stmt.touches:
             return None
-        self._ensure(stmt)  # a hit: sends nothing
+        self.cache.ensure(stmt)  # a hit: sends nothing
         if self.stats is not None:
             self.stats.bind_count += 1
-        queue = self.queue
-        queue.append((W_SYNC, False, OP_RENAME, None, None, self.segment, [(stmt, name)]))
+        queue = requests.queue
+        queue.append(Request(Wait.SYNC, False, Op.RENAME, None, None, requests.segment,
+                             [(stmt, name)]))
         if len(queue) == 1:
-            self.tracking = 0  # `_retrack` of a folded segment at the head; else unchanged
-        self.readies_queued += 1
-        self.segment += 1
+            requests.tracking = Tracking.HOT  # retrack of a folded segment; else unchanged
+        requests.readies_queued += 1
+        requests.segment += 1
         self.last_neutral = stmt.neutral
         return _renamed_bind(data, 0, portal_end, name_end, bind_end, stmt) + data[bind_end:]
 
-    def _other(self, kind: int, data: bytes, pos: int, end: int) -> bytes | Wait | None:
+    def _other(self, kind: int, data: bytes, pos: int, end: int) -> bytes | Hold | None:
         if kind != m.FLUSH:
             self.open_neutral = False
         if kind == m.QUERY or kind == m.FUNCTION_CALL:
@@ -267,94 +348,62 @@ class ServerStatements(Guards):
             return self._close(data, pos, end)
         if kind == m.QUERY:
             if data[pos + 5] in SQL_FIRST:
-                return self._query(data, pos, end)
-            self._push(PLAIN_QUERY)
+                return self.sql.query(self.client, data, pos, end)
+            self.requests.push(PLAIN_QUERY)
             return None
         if kind == m.FUNCTION_CALL:
-            self._push(PLAIN_QUERY)
+            self.requests.push(PLAIN_QUERY)
         return None  # Flush, CopyData, CopyDone, CopyFail: no reply of their own
 
     def _sync(self) -> None:
-        """The client's Sync. When nothing in the segment it closes needs its reply read
-        (plain requests, Binds of statements the server has: the steady state of every
-        driver), the segment's requests are folded into the Sync: the hot path forwards
-        their replies and is done at the ReadyForQuery. Only the statement names are kept,
-        to name the client's in an error."""
-        queue = self.queue
-        request = PLAIN_SYNC
-        neutral = self.open_neutral and not self.open_fine
+        """The client's Sync: it closes the open segment, folded into it where it can be
+        (RequestQueue.fold)."""
+        requests = self.requests
+        request: Request | None = PLAIN_SYNC
+        neutral = self.open_neutral and not requests.open_fine
         if self.open_touches:
             # A statement in it may drop the server's statements: forget them at its end,
             # and look no name up for later segments until then (undoable).
             self.open_touches = False
-            request = (W_SYNC, False, OP_DISTRUST, None, None, self.segment, None)
-            self.undoable[self.segment] = self.undoable.get(self.segment, 0) + 1
-        elif not self.open_fine and self.open_count:
-            # The segment's requests are the last ones queued (those already answered, if
-            # any, were taken from the front).
-            count = min(self.open_count, len(queue))
-            renames = self.open_renames
-            if len(renames) > 1 and _ambiguous(renames):
-                count = 0  # two names for one statement: which failed? Keep them apart.
+            segment = requests.segment
+            request = Request(Wait.SYNC, False, Op.DISTRUST, None, None, segment)
+            requests.undoable[segment] = requests.undoable.get(segment, 0) + 1
+        else:
+            request = requests.fold()
+            if request is None:  # not folded: one statement under two names
+                request = PLAIN_SYNC
                 neutral = False
-            if count:
-                for _ in range(count):
-                    queue.pop()
-                if renames:
-                    request = (W_SYNC, False, OP_RENAME, None, None, self.segment, renames)
-                    self.open_renames = []
-        queue.append(request)
-        self.readies_queued += 1
-        self.segment += 1
-        self.open_fine = False
-        self.open_count = 0
-        self.open_renames.clear()
+        requests.close_segment(request)
         self.last_neutral = neutral
         self.open_neutral = True
-        self._retrack()
 
     def _fail(self, sqlstate: str, text: str) -> bytes:
         """Answer the client's message with an error, as PostgreSQL would. The server is made
         to fail in its place (a Describe of a statement it does not have), so it skips to the
         Sync and aborts a transaction block just as it would have; its error is replaced."""
-        self._push((W_DESCRIBE, False, OP_FAIL, None, None, self.segment,
-                    error_message(sqlstate, text)))
+        self.requests.push(Request(Wait.DESCRIBE, False, Op.FAIL, None, None,
+                                   self.requests.segment, error_message(sqlstate, text)))
         return describe_statement(PROBE)
 
-    def _parse(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
+    def _parse(self, data: bytes, pos: int, end: int) -> bytes | Hold | None:
+        requests = self.requests
         name_end = data.index(0, pos + 5, end)
         if name_end == pos + 5:
-            self._push(PLAIN_PARSE)
+            requests.push(PLAIN_PARSE)
             return None
-        if self.undoable and self._must_wait():
+        if requests.undoable and requests.must_wait():
             return WAIT
         name = data[pos + 5 : name_end]
         client = self.client
         assert client is not None
-        segment = self.segment
         key = data[name_end + 1 : end]
-        stats = self.stats
-        if stats is not None:
-            stats.client_parse_count += 1
+        if self.stats is not None:
+            self.stats.client_parse_count += 1
         existing = client.names.get(name)
         if existing is not None:
-            # A duplicate. Parsed under the name of a statement the server has, it fails
-            # there as it would here: a syntax error first, 25P02 in a failed transaction,
-            # else 42P05, with the name in the message changed back to the client's.
-            # Logged in PgBouncer's words (which closes the client here; pypool does not).
-            log.info("prepared statement '%s' was already prepared", shown(name))
-            lru = self.lru
-            if existing in lru or not lru:
-                target = existing
-                out = self._ensure(existing)
-            else:
-                target = next(reversed(lru))
-                out = b""
-            self._push((W_PARSE, False, OP_NAMED, target, name, segment, None))
-            self.open_fine = True  # not folded: a ParseComplete would say the server lost it
-            return out + parse_message(target.name, key)
+            return self._duplicate_parse(name, key, existing)
         if name in client.sql:
-            self._push(PLAIN_PARSE)  # the server has it under this name: 42P05 there
+            requests.push(PLAIN_PARSE)  # the server has it under this name: 42P05 there
             return None
         if client.cap and len(client) >= client.cap:
             return self._fail(
@@ -362,35 +411,55 @@ class ServerStatements(Guards):
                 f"too many prepared statements for this client "
                 f"(max_client_prepared_statements = {client.cap})",
             )
-        registry = self.registry
-        stmt = registry.acquire(key)
+        stmt = self.registry.acquire(key)
         client.names[name] = stmt
-        lru = self.lru
+        segment = requests.segment
+        lru = self.cache.lru
         if stmt in lru:
             lru.move_to_end(stmt)
-            lru[stmt] = self.epoch
-            if stats is not None:
-                stats.prepared_hits += 1
-            if self._status_known():
-                self._push((W_SYNTHETIC, False, OP_PARSE_HIT, stmt, name, segment,
-                            PARSE_COMPLETE))
+            lru[stmt] = self.cache.epoch
+            if self.stats is not None:
+                self.stats.prepared_hits += 1
+            if requests.status_known():
+                requests.push(Request(Wait.SYNTHETIC, False, Op.PARSE_HIT, stmt, name, segment,
+                                      PARSE_COMPLETE))
                 return b""
             # The server might be in a failed transaction by then (25P02): let it parse the
             # body under a throwaway name and say.
-            self._push((W_PARSE, False, OP_PARSE_HIT, stmt, name, segment, None))
-            self._push((W_CLOSE, True, OP_NONE, None, None, segment, None))
+            requests.push(Request(Wait.PARSE, False, Op.PARSE_HIT, stmt, name, segment))
+            requests.push(Request(Wait.CLOSE, True, Op.NONE, None, None, segment))
             return parse_message(PROBE, key) + close_statement(PROBE)
-        out = self._admit(stmt)
-        self._push((W_PARSE, False, OP_PARSE, stmt, name, segment, None))
+        out = self.cache.admit(stmt)
+        requests.push(Request(Wait.PARSE, False, Op.PARSE, stmt, name, segment))
         return out + stmt.parse_message()
 
-    def _bind(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
+    def _duplicate_parse(self, name: bytes, key: bytes, existing: Statement) -> bytes:
+        """A Parse of a name the client has already prepared. Parsed under the name of a
+        statement the server has, it fails there as it would here: a syntax error first,
+        25P02 in a failed transaction, else 42P05, with the name in the message changed
+        back to the client's. Logged in PgBouncer's words (which closes the client here;
+        pypool does not)."""
+        log.info("prepared statement '%s' was already prepared", shown(name))
+        lru = self.cache.lru
+        if existing in lru or not lru:
+            target = existing
+            out = self.cache.ensure(existing)
+        else:
+            target = next(reversed(lru))
+            out = b""
+        requests = self.requests
+        requests.push(Request(Wait.PARSE, False, Op.NAMED, target, name, requests.segment))
+        requests.open_fine = True  # not folded: a ParseComplete would say the server lost it
+        return out + parse_message(target.name, key)
+
+    def _bind(self, data: bytes, pos: int, end: int) -> bytes | Hold | None:
+        requests = self.requests
         portal_end = data.index(0, pos + 5, end)
         name_end = data.index(0, portal_end + 1, end)
         if name_end == portal_end + 1:
-            self._push(PLAIN_BIND)
+            requests.push(PLAIN_BIND)
             return None
-        if self.undoable and self._must_wait():
+        if requests.undoable and requests.must_wait():
             return WAIT
         name = data[portal_end + 1 : name_end]
         client = self.client
@@ -399,7 +468,7 @@ class ServerStatements(Guards):
         if stmt is None:
             self.open_neutral = False
             if name in client.sql:
-                self._push(PLAIN_BIND)
+                requests.push(PLAIN_BIND)
                 return None
             return self._fail(errors.INVALID_SQL_STATEMENT_NAME,
                               f'prepared statement "{shown(name)}" does not exist')
@@ -407,22 +476,23 @@ class ServerStatements(Guards):
             self.open_neutral = False
             if stmt.touches:
                 self._touching()
-        out = self._ensure(stmt)
+        out = self.cache.ensure(stmt)
         if self.stats is not None:
             self.stats.bind_count += 1
-        queue = self.queue
-        queue.append((W_BIND, False, OP_NAMED, stmt, name, 0, None))  # _push, inlined
-        self.open_count += 1
-        self.open_renames.append((stmt, name))
+        queue = requests.queue
+        queue.append(Request(Wait.BIND, False, Op.NAMED, stmt, name))  # push, inlined
+        requests.open_count += 1
+        requests.open_renames.append((stmt, name))
         if len(queue) == 1:
-            self.tracking = 1
+            requests.tracking = Tracking.EACH
         return out + _renamed_bind(data, pos, portal_end, name_end, end, stmt)
 
-    def _describe(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
+    def _describe(self, data: bytes, pos: int, end: int) -> bytes | Hold | None:
+        requests = self.requests
         if data[pos + 5] != _STATEMENT or end - pos <= 7:  # a portal, or the unnamed one
-            self._push(PLAIN_DESCRIBE)
+            requests.push(PLAIN_DESCRIBE)
             return None
-        if self.undoable and self._must_wait():
+        if requests.undoable and requests.must_wait():
             return WAIT
         name = data[pos + 6 : end - 1]
         client = self.client
@@ -430,20 +500,20 @@ class ServerStatements(Guards):
         stmt = client.names.get(name)
         if stmt is None:
             if name in client.sql:
-                self._push(PLAIN_DESCRIBE)
+                requests.push(PLAIN_DESCRIBE)
                 return None
             return self._fail(errors.INVALID_SQL_STATEMENT_NAME,
                               f'prepared statement "{shown(name)}" does not exist')
-        out = self._ensure(stmt)
-        self._push((W_DESCRIBE, False, OP_NAMED, stmt, name, 0, None))
-        server_name = stmt.name
-        return out + b"D" + (len(server_name) + 6).to_bytes(4, "big") + b"S" + server_name + b"\0"
+        out = self.cache.ensure(stmt)
+        requests.push(Request(Wait.DESCRIBE, False, Op.NAMED, stmt, name))
+        return out + describe_statement(stmt.name)
 
-    def _close(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
+    def _close(self, data: bytes, pos: int, end: int) -> bytes | Hold | None:
+        requests = self.requests
         if data[pos + 5] != _STATEMENT or end - pos <= 7:  # a portal, or the unnamed one
-            self._push(PLAIN_CLOSE)
+            requests.push(PLAIN_CLOSE)
             return None
-        if self.undoable and self._must_wait():
+        if requests.undoable and requests.must_wait():
             return WAIT
         name = data[pos + 6 : end - 1]
         client = self.client
@@ -452,19 +522,19 @@ class ServerStatements(Guards):
         if stmt is not None:
             # The server keeps the plan for whoever parses the same body next; the queue
             # entry holds the client's reference until the CloseComplete goes out.
-            self._push((W_SYNTHETIC, False, OP_CLOSE, stmt, name, self.segment, CLOSE_COMPLETE))
+            requests.push(Request(Wait.SYNTHETIC, False, Op.CLOSE, stmt, name,
+                                  requests.segment, CLOSE_COMPLETE))
             return b""
-        if name in client.sql:
-            del client.sql[name]
-            self.sql.pop(name, None)
-            self._push(PLAIN_CLOSE)
+        if self.sql.forget_name(client, name):
+            requests.push(PLAIN_CLOSE)
             return None
         # Closing a statement that does not exist is no error in PostgreSQL either.
-        self._push((W_SYNTHETIC, False, OP_NONE, None, None, self.segment, CLOSE_COMPLETE))
+        requests.push(Request(Wait.SYNTHETIC, False, Op.NONE, None, None, requests.segment,
+                              CLOSE_COMPLETE))
         return b""
 
     def _touching(self) -> None:
         """A Bind in the open segment runs a statement that may change the server's
         statements (Statement.touches): its Sync distrusts the cache."""
         self.open_touches = True
-        self.open_fine = True  # not folded: the Sync's reply is read
+        self.requests.open_fine = True  # not folded: the Sync's reply is read

@@ -8,12 +8,14 @@ aborted it. Only the first command of a Query is looked at, and only Queries who
 start one (or whitespace or a comment) are looked at all, so the hot path of other simple
 queries pays one set lookup.
 
-`SqlNames` owns a server's SQL-level names (`sql`: name -> PREPARE text, or UNSURE). These
+`SqlNames` owns a server's SQL-level names (`names`: name -> PREPARE text, or UNSURE). These
 keep the client's own name on the server, since the SQL text refers to it: the pooler makes
 a client's exist on every server it lands on (hidden PREPAREs at link time), drops another
-client's of the same name first, rewrites EXECUTE and DEALLOCATE of a protocol-level
-statement to its `PYPOOL_<n>` name, and watches CommandComplete tags for DEALLOCATE ALL,
-DISCARD ALL and DEALLOCATEs it cannot account for.
+client's of the same name first, and rewrites EXECUTE and DEALLOCATE of a protocol-level
+statement to its `PYPOOL_<n>` name (sending its Parse first through the server's
+ServerCache). It queues its requests on the server's RequestQueue; the CommandComplete tags
+for DEALLOCATE ALL, DISCARD ALL and DEALLOCATEs it cannot account for are watched by
+ServerStatements.command_tag (rewriter.py).
 """
 
 from __future__ import annotations
@@ -23,25 +25,14 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Final
 
 from ...protocol import messages as m
-from .cache import ServerCache
 from .registry import touches_text
 from .requests import (
     HIDDEN_SYNC,
-    OP_DISTRUST,
-    OP_HIDDEN,
-    OP_NAMED,
-    OP_NONE,
-    OP_SQL,
     PLAIN_QUERY,
-    R_NAME,
-    R_OP,
-    R_PAYLOAD,
-    R_WAIT,
     UNSURE,
-    W_CLOSE,
-    W_READY,
-    W_SYNC,
     WAIT,
+    Hold,
+    Op,
     Request,
     Wait,
     close_statement,
@@ -50,8 +41,9 @@ from .requests import (
 )
 
 if TYPE_CHECKING:
-    from ..pool import PoolStats
-    from .registry import ClientStatements, Registry, Statement
+    from .cache import ServerCache
+    from .registry import ClientStatements, Statement
+    from .request_queue import RequestQueue
 
 # Only bytes that can start one of the four commands (or whitespace and comments before it)
 # send a Query down the slow path.
@@ -117,108 +109,117 @@ def parse_sql_command(text: bytes) -> SqlCommand | None:
     return SqlCommand(verb, name, name_match.start(1), name_match.end(1), text)
 
 
-class SqlNames(ServerCache):
+class SqlNames:
     """One server's SQL-level prepared statements, and the linked client's SQL commands."""
 
-    def __init__(self, registry: Registry, cap: int, stats: PoolStats | None = None) -> None:
-        super().__init__(registry, cap, stats)
-        # SQL-level name -> its PREPARE text, or UNSURE: the server may have it (see distrust)
-        self.sql: OrderedDict[bytes, bytes] = OrderedDict()
+    def __init__(self, requests: RequestQueue, cache: ServerCache) -> None:
+        self.requests = requests
+        self.cache = cache
+        # SQL-level name -> its PREPARE text, or UNSURE: the server may have it (see forget)
+        self.names: OrderedDict[bytes, bytes] = OrderedDict()
 
-    def _attach_sql(self, client: ClientStatements) -> bytes:
+    def attach(self, client: ClientStatements) -> bytes:
         """A client is linked: the hidden queries that give this server the client's SQL-level
         statements (their replies are swallowed), and drop others' beyond the cap."""
         if not client.sql:
             return b""
+        names = self.names
         out = []
         for name, text in client.sql.items():
-            have = self.sql.get(name)
+            have = names.get(name)
             if have == text:
-                self.sql.move_to_end(name)
+                names.move_to_end(name)
                 continue
             if have is not None:
-                out.append(self._drop_sql(name))
+                out.append(self._drop(name))
             out.append(self._hidden(text, name, text))
-        while len(self.sql) > max(self.cap, len(client.sql)):
-            name = next(iter(self.sql))
+        while len(names) > max(self.cache.cap, len(client.sql)):
+            name = next(iter(names))
             if name in client.sql:
-                self.sql.move_to_end(name)
+                names.move_to_end(name)
                 continue
-            out.append(self._drop_sql(name))
+            out.append(self._drop(name))
         return b"".join(out)
 
-    def _query(self, data: bytes, pos: int, end: int) -> bytes | Wait | None:
+    def query(self, client: ClientStatements | None, data: bytes, pos: int,
+              end: int) -> bytes | Hold | None:
+        """A simple Query at data[pos:end] whose first byte could start a PREPARE, EXECUTE,
+        DEALLOCATE or DISCARD: what to send instead (as ServerStatements.from_client)."""
+        requests = self.requests
         command = parse_sql_command(data[pos + 5 : end - 1])
-        client = self.client
         if command is None or client is None:
             if (client is not None and touches_text(data, pos + 5, end - 1)
                     and _PREPARE_TRANSACTION.fullmatch(data, pos + 5, end - 1) is None):
                 # A DO block or the like that may change the server's statements unseen.
-                if self.undoable and self._must_wait():
+                if requests.undoable and requests.must_wait():
                     return WAIT
-                self._push((W_READY, False, OP_DISTRUST, None, None, self.segment, None))
-                self.segment += 1  # like a Sync: an error in it skips nothing after it
+                requests.push(Request(Wait.READY, False, Op.DISTRUST, None, None,
+                                      requests.segment))
+                requests.segment += 1  # like a Sync: an error in it skips nothing after it
                 return None
-            self._push(PLAIN_QUERY)
+            requests.push(PLAIN_QUERY)
             return None
-        if self.undoable and self._must_wait():
+        if requests.undoable and requests.must_wait():
             return WAIT
         name = command.name
         out = b""
         message: bytes | None = None
         request = PLAIN_QUERY
         if command.verb == b"prepare":
-            if name not in client.sql and name in self.sql:
-                out = self._drop_sql(name)
-            request = (W_READY, False, OP_SQL, None, name, self.segment, command)
+            if name not in client.sql and name in self.names:
+                out = self._drop(name)
+            request = Request(Wait.READY, False, Op.SQL, None, name, requests.segment, command)
         elif command.verb == b"discard" or not name:
             pass  # DISCARD ..., DEALLOCATE ALL: the CommandComplete tag tells what happened
         elif name in client.sql:
             if command.verb == b"deallocate":
-                request = (W_READY, False, OP_SQL, None, name, self.segment, command)
+                request = Request(Wait.READY, False, Op.SQL, None, name, requests.segment,
+                                  command)
         elif name in client.names:
             # SQL EXECUTE/DEALLOCATE of a protocol-level statement: use the server's name.
             stmt = client.names[name]
-            if stmt in self.lru:
-                self._ensure(stmt)  # a hit: sends nothing
-            elif self.readies_queued != self.readies_done:
-                self.blocked = True  # a Parse would fail if the transaction fails first
+            if stmt in self.cache.lru:
+                self.cache.ensure(stmt)  # a hit: sends nothing
+            elif requests.readies_queued != requests.readies_done:
+                requests.blocked = True  # a Parse would fail if the transaction fails first
                 return WAIT
-            elif self.tx_status != m.TX_FAILED:  # in a failed transaction the query fails anyway
+            elif requests.tx_status != m.TX_FAILED:  # in a failed transaction it fails anyway
                 # A failed Parse would make the server skip the Query too, and the client
                 # would wait for its ReadyForQuery forever: end the Parse with a Sync.
-                out = self._inject(stmt) + m.sync()
-                self._push(HIDDEN_SYNC)
-                self.segment += 1
-                self.open_fine = False
+                out = self.cache.inject(stmt) + m.sync()
+                requests.push(HIDDEN_SYNC)
+                requests.segment += 1
+                requests.open_fine = False
             text = command.text
             message = query_message(text[: command.start] + quote_ident(stmt.name)
                                      + text[command.end :])
             if command.verb == b"deallocate":
                 command.stmt = stmt
-                request = (W_READY, False, OP_SQL, stmt, name, self.segment, command)
+                request = Request(Wait.READY, False, Op.SQL, stmt, name, requests.segment,
+                                  command)
             else:
-                request = (W_READY, False, OP_NAMED, stmt, name, self.segment, None)
-        elif name in self.sql:
+                request = Request(Wait.READY, False, Op.NAMED, stmt, name, requests.segment)
+        elif name in self.names:
             # Another client's statement of that name: drop it so the client's query fails
             # (or succeeds) as it would on a connection of its own.
-            out = self._drop_sql(name)
-        self._push(request)
+            out = self._drop(name)
+        requests.push(request)
         if message is None:
             return out + data[pos:end] if out else None
         return out + message
 
     def _hidden(self, text: bytes, name: bytes, prepared: bytes | None) -> bytes:
         """Queue a pooler-issued SQL-level PREPARE (`prepared` is its text) or DEALLOCATE."""
-        before = self.sql.get(name)
+        before = self.names.get(name)
         if prepared is None:
-            self.sql.pop(name, None)
+            self.names.pop(name, None)
         else:
-            self.sql[name] = prepared
-        self._push((W_READY, True, OP_HIDDEN, None, name, self.segment, (prepared, before)))
+            self.names[name] = prepared
+        self.requests.push(Request(Wait.READY, True, Op.HIDDEN, None, name,
+                                   self.requests.segment, (prepared, before)))
         return query_message(text)
 
-    def _drop_sql(self, name: bytes) -> bytes:
+    def _drop(self, name: bytes) -> bytes:
         """Drop the SQL-level statement `name` from the server: a hidden DEALLOCATE where the
         server has it, or where it may not (UNSURE), a Close, which never fails, not even in
         a failed transaction block. A hidden statement that could fail must never run, since
@@ -226,91 +227,75 @@ class SqlNames(ServerCache):
         followed by a Sync, unless a segment of the client's is still open (an extended
         request queued last): a Sync would end it, so then the Close joins that segment, and
         an error before it skips the Close and the client's Query alike."""
-        queue = self.queue
-        if self.sql.get(name) != UNSURE:
+        requests = self.requests
+        queue = requests.queue
+        if self.names.get(name) != UNSURE:
             return self._hidden(b"DEALLOCATE " + quote_ident(name), name, None)
-        del self.sql[name]
-        segment_open = bool(queue) and queue[-1][R_WAIT] < W_SYNC
-        self._push((W_CLOSE, True, OP_NONE, None, None, self.segment, None))
+        del self.names[name]
+        segment_open = bool(queue) and queue[-1].wait < Wait.SYNC
+        requests.push(Request(Wait.CLOSE, True, Op.NONE, None, None, requests.segment))
         if segment_open:
             return close_statement(name)
-        self._push(HIDDEN_SYNC)
-        self.segment += 1
+        requests.push(HIDDEN_SYNC)
+        requests.segment += 1
         return close_statement(name) + m.sync()
 
-    def _undo_hidden(self, request: Request) -> None:
+    def forget_name(self, client: ClientStatements, name: bytes) -> bool:
+        """The client's Close of a statement by `name`: whether it is one of its SQL-level
+        ones (then forgotten here and in the client's map, and the Close sent on)."""
+        if name not in client.sql:
+            return False
+        del client.sql[name]
+        self.names.pop(name, None)
+        return True
+
+    def undo_hidden(self, request: Request) -> None:
         """A pooler-issued PREPARE or DEALLOCATE failed or was skipped: the server's names
         are as they were."""
-        name = request[R_NAME]
+        name = request.name
         if name is None:
             return
-        prepared, before = request[R_PAYLOAD]
+        prepared, before = request.payload
         if before is None:
-            self.sql.pop(name, None)
-        elif self.sql.get(name) in (prepared, None):
-            self.sql[name] = before
+            self.names.pop(name, None)
+        elif self.names.get(name) in (prepared, None):
+            self.names[name] = before
 
-    def _sql_done(self, request: Request) -> None:
-        """A client's PREPARE or DEALLOCATE query completed: apply it if it succeeded."""
-        command: SqlCommand = request[R_PAYLOAD]
-        client = self.client
+    def done(self, request: Request, client: ClientStatements | None) -> bool:
+        """A client's PREPARE or DEALLOCATE query completed: apply it if it succeeded.
+        Returns whether the server's statements can no longer be trusted (the caller then
+        distrusts them)."""
+        command: SqlCommand = request.payload
         if not command.tags or client is None:
-            return  # the command itself failed: nothing changed
+            return False  # the command itself failed: nothing changed
         name = command.name
         if command.failed or command.tags != 1:
             # Several statements in one query: not ours to replay, and what the others did
             # is not known. A PREPARE that ran stays on the server (a later error does not
             # undo it), under a text that is not the query's.
-            self.distrust("a multi-statement query that prepares or deallocates ran")
             if command.verb == b"prepare":
-                self.sql[name] = UNSURE
-            return
+                self.names[name] = UNSURE
+            return True
         if command.verb == b"prepare":
             client.sql[name] = command.text
-            self.sql[name] = command.text
+            self.names[name] = command.text
         elif command.stmt is not None:  # DEALLOCATE of a protocol-level statement
-            self._forget_client(name, command.stmt)
-            self._forget_server(command.stmt)
+            self.cache.forget_client(client, name, command.stmt)
+            self.cache.forget_statement(command.stmt)
         else:
             client.sql.pop(name, None)
-            self.sql.pop(name, None)
+            self.names.pop(name, None)
+        return False
 
-    def _command_tag(self, body: bytes) -> None:
-        if body[:1] != b"D":
-            return
-        if body.startswith(b"DEALLOCATE ALL") or body.startswith(b"DISCARD ALL"):
-            self.clear()
-        elif body.startswith(b"DEALLOCATE\x00"):
-            queue = self.queue
-            op = queue[0][R_OP] if queue else OP_NONE
-            if op != OP_SQL and op != OP_HIDDEN:
-                # Not one the pooler follows (`SELECT 1; DEALLOCATE x`): which one is unknown.
-                self.distrust("an untracked DEALLOCATE ran")
+    def forget(self) -> None:
+        """The SQL-level part of ServerStatements.distrust: every name becomes UNSURE."""
+        names = self.names
+        for name in names:
+            names[name] = UNSURE
 
-    def _settled(self, request: Request, ok: bool) -> None:
-        op = request[R_OP]
-        if op == OP_SQL:
-            if ok:
-                self._sql_done(request)
-        elif op == OP_HIDDEN:
-            if not ok:
-                self._undo_hidden(request)
-        else:
-            super()._settled(request, ok)
-
-    def distrust(self, why: str) -> None:
-        """As `ServerCache.distrust`; the SQL-level names become UNSURE."""
-        super().distrust(why)
-        sql = self.sql
-        for name in sql:
-            sql[name] = UNSURE
-
-    def clear(self) -> None:
-        super().clear()
-        self.sql.clear()
-        if self.client is not None:
-            self.client.sql.clear()
-
-    def close(self) -> None:
-        super().close()
-        self.sql.clear()
+    def clear(self, client: ClientStatements | None) -> None:
+        """DEALLOCATE ALL or DISCARD ALL ran: no SQL-level name is left, here or the
+        client's."""
+        self.names.clear()
+        if client is not None:
+            client.sql.clear()
