@@ -96,12 +96,8 @@ class ReplyReader:
     def feed(self, data: bytes) -> int:
         out = self.out
         rq = self.requests
-        if rq.to_client:  # made for whoever is linked now (after a READY: the next in line)
-            out.append(b"".join(rq.to_client))
-            rq.to_client.clear()
-        if self._partial:
-            data = self._partial + data if data else self._partial
-            self._partial = b""
+        if rq.to_client or self._partial:
+            data = self._resume(data)
         n = len(data)
         pos = self._skip
         hidden = self.backend.hidden
@@ -139,65 +135,20 @@ class ReplyReader:
                         self._skip = end - n  # stream long rows; they complete nothing
                         pos = n
                     break
-                if (kind == _COMMAND_COMPLETE or kind == _ERROR_RESPONSE
-                        or kind == _READY_FOR_QUERY):
-                    body = data[pos + 5 : end]
-                    if kind == _ERROR_RESPONSE:
-                        self._server_error()
-                elif kind == _PARAMETER_STATUS:
-                    body = data[pos + 5 : end]
-                    self._parameter_status(body)
-                else:
-                    if kind in _COPY_RESPONSES and frontend is not None:
-                        frontend.copy_started(kind, rq)
-                    body = b""
-                verdict = rq.reply(kind, body)
-                if verdict or rq.to_client:
-                    if verdict == prepared.READY:
-                        if data[pos + 5] != _TX_IDLE and self.statement_mode:
-                            stop = pos  # withheld, as on the hot path below
-                        else:
-                            stop = end
-                    else:
-                        stop = pos if verdict else end
-                    if sent < stop:
-                        out.append(data[sent:stop])
-                    sent = end
-                    if verdict == prepared.REPLACE:
-                        out.append(rq.replacement)
-                    if verdict == prepared.READY:
-                        return self._stop(READY, data, end, data[pos + 5])
-                    if rq.to_client:
-                        out.append(b"".join(rq.to_client))
-                        rq.to_client.clear()
+                sent = self._tracked_reply(kind, data, pos, end, sent)
+                if sent < 0:
+                    return self._stop(READY, data, end, data[pos + 5])
                 pos = end
                 continue
             if kind == _READY_FOR_QUERY or kind == _PARAMETER_STATUS or hidden:
                 if end > n:
                     break
                 if hidden:
-                    if sent < pos:
-                        out.append(data[sent:pos])
-                    sent = end
-                    outcome = self._hidden_message(kind, data[pos + 5 : end])
-                    if outcome:
-                        self.outcome = outcome
+                    if self._hidden_reply(kind, data, pos, end, sent):
                         return self._stop(HIDDEN, data, end, _TX_IDLE)
+                    sent = end
                 elif kind == _READY_FOR_QUERY:
-                    status = data[pos + 5]
-                    if rq.queue:
-                        rq.pop_ready(status)
-                    if status != _TX_IDLE and self.statement_mode:
-                        # As PgBouncer: the ReadyForQuery is withheld, so the statement that
-                        # opened the transaction fails (the client sends the FATAL).
-                        if sent < pos:
-                            out.append(data[sent:pos])
-                    else:
-                        out.append(data[sent:end] if sent or end < n else data)
-                    if end < n:
-                        self._partial = data[end:]
-                    self.status = status
-                    return READY
+                    return self._ready_for_query(data, pos, end, sent)
                 else:
                     self._parameter_status(data[pos + 5 : end])
             elif kind == _ERROR_RESPONSE:
@@ -205,12 +156,7 @@ class ReplyReader:
                     # A folded segment of the client's statements: name them in the error.
                     if end > n:
                         break
-                    renamed = rq.renamed_error(data[pos + 5 : end])
-                    if renamed is not None:
-                        if sent < pos:
-                            out.append(data[sent:pos])
-                        out.append(renamed)
-                        sent = end
+                    sent = self._renamed_error(data, pos, end, sent)
                 self._server_error()
                 if end > n:
                     self._skip = end - n
@@ -240,6 +186,100 @@ class ReplyReader:
         if rq.tracking == Tracking.SYNTHETIC and not self._skip and not self._partial:
             self._synthetic()
         return DONE
+
+    def _resume(self, data: bytes) -> bytes:
+        """The start of a read: what the request queue made for whoever is linked now
+        (after a READY: the next in line) goes first, and a message cut by the last read is
+        put back in front of `data`."""
+        rq = self.requests
+        if rq.to_client:
+            self.out.append(b"".join(rq.to_client))
+            rq.to_client.clear()
+        if self._partial:
+            data = self._partial + data if data else self._partial
+            self._partial = b""
+        return data
+
+    def _hidden_reply(self, kind: int, data: bytes, pos: int, end: int, sent: int) -> bool:
+        """A reply to the pooler's own query (core/backend.py): swallowed, the client's
+        bytes before it go out. True when it settles that query (`outcome` says how)."""
+        if sent < pos:
+            self.out.append(data[sent:pos])
+        outcome = self._hidden_message(kind, data[pos + 5 : end])
+        if outcome:
+            self.outcome = outcome
+            return True
+        return False
+
+    def _renamed_error(self, data: bytes, pos: int, end: int, sent: int) -> int:
+        """An ErrorResponse to a folded segment of the client's statements: named after
+        them (pooling/prepared/). Returns where the bytes not yet in `out` start."""
+        renamed = self.requests.renamed_error(data[pos + 5 : end])
+        if renamed is None:
+            return sent
+        if sent < pos:
+            self.out.append(data[sent:pos])
+        self.out.append(renamed)
+        return end
+
+    def _tracked_reply(self, kind: int, data: bytes, pos: int, end: int, sent: int) -> int:
+        """The slow path's step: one whole reply, matched to the request at the queue's
+        head (pooling/prepared/). Returns where the bytes not yet in `out` start, or -1 when
+        the reply is the ReadyForQuery that ends the client's request (the caller stops)."""
+        rq = self.requests
+        out = self.out
+        if kind == _COMMAND_COMPLETE or kind == _ERROR_RESPONSE or kind == _READY_FOR_QUERY:
+            body = data[pos + 5 : end]
+            if kind == _ERROR_RESPONSE:
+                self._server_error()
+        elif kind == _PARAMETER_STATUS:
+            body = data[pos + 5 : end]
+            self._parameter_status(body)
+        else:
+            frontend = self.frontend
+            if kind in _COPY_RESPONSES and frontend is not None:
+                frontend.copy_started(kind, rq)
+            body = b""
+        verdict = rq.reply(kind, body)
+        if not verdict and not rq.to_client:
+            return sent
+        if verdict == prepared.READY:
+            if data[pos + 5] != _TX_IDLE and self.statement_mode:
+                stop = pos  # withheld, as on the hot path (_ready_for_query)
+            else:
+                stop = end
+        else:
+            stop = pos if verdict else end
+        if sent < stop:
+            out.append(data[sent:stop])
+        if verdict == prepared.REPLACE:
+            out.append(rq.replacement)
+        if verdict == prepared.READY:
+            return -1
+        if rq.to_client:
+            out.append(b"".join(rq.to_client))
+            rq.to_client.clear()
+        return end
+
+    def _ready_for_query(self, data: bytes, pos: int, end: int, sent: int) -> int:
+        """The hot path's ReadyForQuery: the reply up to it goes out, and the read stops."""
+        rq = self.requests
+        out = self.out
+        n = len(data)
+        status = data[pos + 5]
+        if rq.queue:
+            rq.pop_ready(status)
+        if status != _TX_IDLE and self.statement_mode:
+            # As PgBouncer: the ReadyForQuery is withheld, so the statement that opened the
+            # transaction fails (the client sends the FATAL).
+            if sent < pos:
+                out.append(data[sent:pos])
+        else:
+            out.append(data[sent:end] if sent or end < n else data)
+        if end < n:
+            self._partial = data[end:]
+        self.status = status
+        return READY
 
     def _stop(self, event: int, data: bytes, end: int, status: int) -> int:
         """Stop before `end`: the rest is read by the next feed."""
