@@ -59,6 +59,7 @@ class RecordingPooler:
     shutting_down: str = ""
     suspended: bool = False
     console_queries: int = 0
+    console_logins: int = 0
     client_counts: ClientCounts = field(default_factory=ClientCounts)
     calls: list[tuple[str, object]] = field(default_factory=list)
 
