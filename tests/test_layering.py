@@ -202,11 +202,6 @@ STILL_CYCLIC = {
     # (outbox, pipeline, hidden_queries, deferred_writes, tls, the logins, hooks, port)
     # name each other's types: the link's rewrite (issue 23, item 1) is to untie them.
     "pypool.net": "client and server and their helpers type each other",
-    # The Pooler's methods hand over to linking, teardown, server_logins..., which take a
-    # Pooler (only for type checking: at run time pooler/ has no cycle). Untying it needs
-    # the Pooler's fields and the calls between its parts declared apart from the class
-    # that makes those calls.
-    "pypool.pooler": "objects.py imports the modules that take a Pooler",
     # registry.py imports pipelining's Guard (issue 23, item 4).
     "pypool.pooling": "pooling/prepared/: registry.py imports pipelining's guard",
 }
