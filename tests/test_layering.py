@@ -201,6 +201,10 @@ STILL_CYCLIC = {
     # ClientConnection and ServerConnection, their records and the helpers beside them
     # (outbox, pipeline, hidden_queries, deferred_writes, tls, the logins, hooks, port)
     # name each other's types: the link's rewrite (issue 23, item 1) is to untie them.
+    # Not by annotations alone: pooler/ takes ClientConnection and ServerConnection, so the
+    # port net/ calls it through must name them while they hold that port. What pooler/
+    # takes must be declared below the two classes (as pooler/record.py does for the
+    # Pooler: the fields and the calls others make), or be a Protocol it accepts.
     "pypool.net": "client and server and their helpers type each other",
     # registry.py imports pipelining's Guard (issue 23, item 4).
     "pypool.pooling": "pooling/prepared/: registry.py imports pipelining's guard",
