@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .net.unix_socket import UnixSocket
     from .observe.view import PoolerView
     from .pooler import Pooler
-    from .pooler.takeover import Takeover
+    from .pooler.takeover_state import Takeover
 
 log = logging.getLogger("pypool")
 

@@ -74,6 +74,7 @@ HOT_MODULES = (
     "pypool.net.tls_records",
     "pypool.net.server_record",
     "pypool.net.server",
+    "pypool.pooler.record",
     "pypool.pooler.objects",
     "pypool.pooler.client_logins",
     "pypool.pooler.teardown",

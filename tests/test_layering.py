@@ -201,12 +201,11 @@ STILL_CYCLIC = {
     # ClientConnection and ServerConnection, their records and the helpers beside them
     # (outbox, pipeline, hidden_queries, deferred_writes, tls, the logins, hooks, port)
     # name each other's types: the link's rewrite (issue 23, item 1) is to untie them.
+    # Not by annotations alone: pooler/ takes ClientConnection and ServerConnection, so the
+    # port net/ calls it through must name them while they hold that port. What pooler/
+    # takes must be declared below the two classes (as pooler/record.py does for the
+    # Pooler: the fields and the calls others make), or be a Protocol it accepts.
     "pypool.net": "client and server and their helpers type each other",
-    # The Pooler's methods hand over to linking, teardown, server_logins..., which take a
-    # Pooler (only for type checking: at run time pooler/ has no cycle). Untying it needs
-    # the Pooler's fields and the calls between its parts declared apart from the class
-    # that makes those calls.
-    "pypool.pooler": "objects.py imports the modules that take a Pooler",
 }
 
 

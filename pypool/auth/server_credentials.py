@@ -6,7 +6,7 @@ auth_file), an md5 hash, or a SCRAM verifier with, once a client has logged in w
 the ClientKey recovered from its proof (auth/scram.py). `from_secret` sorts an auth_file
 or auth_query secret into the right field.
 
-Never here: where the secret comes from (pooler/objects.py), the exchange itself.
+Never here: where the secret comes from (pooler/record.py), the exchange itself.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ Pool (pooling/pool.py), who gets which server. It sits above the asyncio Protoco
 net/ and below the console and metrics, which it calls only through the hooks cli.py sets
 at start-up (net/hooks.py): nothing here imports admin/, observe/ or metrics.py.
 
-- objects.py    the Pooler: its objects and the entry points the other layers call
+- objects.py    the Pooler: the entry points the other layers call, each a hand-over
+- record.py     its fields, as the parts below take it (PoolerRecord)
 - client_logins.py  a client's admission, its secret (auth_file, auth_query), its cancel key
 - teardown.py   a server or client that goes: its counts, its link, its server's fate
 - linking.py    request_server, link, release, server_available: who gets which server

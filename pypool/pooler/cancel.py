@@ -23,7 +23,7 @@ from . import linking, peers, takeover
 
 if TYPE_CHECKING:
     from ..net.server import ServerConnection
-    from .objects import Pooler
+    from .record import PoolerRecord as Pooler
 
 log = logging.getLogger("pypool")
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ..net.client import ClientConnection
     from ..pooling.pool import Pool
     from ..settings import DatabaseEntry
-    from .objects import Pooler
+    from .record import PoolerRecord as Pooler
 
 log = logging.getLogger("pypool")
 

@@ -36,7 +36,7 @@ from . import janitor, linking, research, takeover, tracing
 if TYPE_CHECKING:
     from ..pooling.pool import Pool
     from ..settings import DatabaseEntry, Settings
-    from .objects import Pooler
+    from .record import PoolerRecord as Pooler
 
 log = logging.getLogger("pypool")
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..net.client import ClientConnection
     from ..net.server import ServerConnection
     from ..pooling.pool import Pool
-    from .objects import Pooler
+    from .record import PoolerRecord as Pooler
 
 log = logging.getLogger("pypool")
 

@@ -14,144 +14,43 @@ closed. The work belongs to other concepts (client_logins.py, teardown.py, linki
 transactions.py, server_logins.py, cancel.py, janitor.py, lifecycle.py); the methods here
 only hand over, so those callers need know nothing of the split.
 
-Decided here: only the limits a pool is built with and the credentials a server logs in
-with. A method that grows more belongs in the module of its concept, not here.
+Its fields, and the limits and credentials they alone decide, are said in record.py: the
+parts above take the pooler as that PoolerRecord, so that none of them imports this module.
+A method that grows more than a hand-over belongs in the module of its concept, not here.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import socket
-import time
-from collections.abc import Coroutine
-from typing import Any
 
-from ..auth import server_credentials
-from ..auth.server_credentials import ServerCredentials
 from ..net import pipeline
 from ..net.client import ClientConnection
-from ..net.hooks import (
-    OpenConsole,
-    OpenTrace,
-    OpenTransactionLog,
-    ServeMetrics,
-    TransactionLog,
-    WireTrace,
-)
 from ..net.server import ServerConnection
-from ..net.tls import Tls
-from ..net.unix_socket import UnixSocket
-from ..pooling.client_limits import ClientCounts
-from ..pooling.peer_pool import PeerPool
-from ..pooling.pool import Pool, PoolLimits
-from ..pooling.prepared import Registry
-from ..pooling.stats import StatsPeriods
-from ..protocol import cancel_key
+from ..pooling.pool import Pool
 from ..protocol.errors import PoolerError
 from ..settings import DatabaseEntry, Settings
 from . import (
     cancel,
     client_logins,
-    hba_login,
     lifecycle,
     linking,
-    replication,
     research,
     server_logins,
     teardown,
     tracing,
     transactions,
 )
-from .host_lists import HostChooser
-from .takeover import Takeover
+from .record import PoolerRecord
 
 log = logging.getLogger("pypool")
 
 
-class Pooler:
+class Pooler(PoolerRecord):
+    """The running pooler: its fields (record.py) and the calls the other layers make."""
+
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        # The keys every transaction reads, copied from `settings` by use_settings (a read
-        # of the frozen dataclasses costs two dictionary lookups, these one field access).
-        self.check_query = ""
-        self.check_delay = 0.0
-        self.pipeline_depth = 0
-        self.server_lifetime = 0.0
-        self.reset_query_always = ""  # server_reset_query, if server_reset_query_always
-        self.use_settings(settings)
-        self.loop = asyncio.get_running_loop()
-        # Not loop.time: uvloop's is cached per iteration at millisecond resolution, which
-        # would round every transaction, query and wait time (SHOW STATS, histograms) to ms.
-        self.now = time.monotonic
-        self.start_time = time.time()
-        self.pools: dict[tuple[str, str], Pool] = {}
-        self.clients: set[ClientConnection] = set()
-        self.login_clients: set[ClientConnection] = set()
-        self.cancel_keys: dict[tuple[int, int], ClientConnection] = {}
-        # Cancels on their way to [peers] (peers.py); with `workers`, this one's number, how
-        # many there are and their parent (set by cli.serve before start).
-        self.peer_pools: dict[int, PeerPool] = {}
-        self.worker_index = cancel_key.NO_WORKER
-        self.worker_count = 0
-        self.worker_parent = 0
-        self.servers_per_db: dict[str, int] = {}
-        self.servers_per_user: dict[str, int] = {}
-        # The auth_file's secrets by user, and the hba rules (client_logins.load_auth).
-        self.auth_secrets: dict[str, str] = {}
-        self.hba = hba_login.HbaConfig()
-        self.auth_query_secrets: dict[str, str] = {}
-        self.scram_client_keys: dict[str, bytes] = {}
-        # Prepared statements by Parse body, shared by all pools (pooling/prepared/).
-        self.statement_registry = Registry()
-        self.listeners: list[asyncio.AbstractServer] = []  # TCP
-        # The unix socket's files and listening socket (claimed by lifecycle.start, or by the
-        # parent of `workers`), and the server accepting on it.
-        self.unix_socket: UnixSocket | None = None
-        self.unix_listener: asyncio.AbstractServer | None = None
-        self.shutting_down = ""  # "", "SIGINT" (drain transactions) or "SIGTERM" (drain clients)
-        # Online restart (pooler/takeover.py): the socket a new process asks on, whether one
-        # is taking over now, and, in the new process, the sockets it was passed.
-        self.takeover_socket: socket.socket | None = None
-        self.handing_over = False
-        self.taken: Takeover | None = None
-        self.stopped = self.loop.create_future()
-        self.janitor_task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        # Servers with writes deferred to the end of this round (net/deferred_writes.py).
-        self.to_flush: list[ServerConnection] = []
-        # The operator's switches (admin console, SIGUSR1/2): PAUSE of everything or of some
-        # databases, DISABLE; databases gone from the config whose clients are still here.
-        self.paused_all = False
-        self.suspended = False  # SUSPEND: paused_all too, shown as suspended (SHOW STATE)
-        self.client_counts = ClientCounts()  # max_db/user_client_connections
-        self.console_queries = 0  # the console's own xact_count and query_count (SHOW STATS)
-        self.console_logins = 0  # and its client_login_count
-        self.hosts = HostChooser()  # host=a,b lists and load_balance_hosts
-        self.paused_dbs: set[str] = set()
-        self.disabled_dbs: set[str] = set()
-        self.retired: dict[str, DatabaseEntry] = {}
-        self.stats_periods = StatsPeriods(self.now())  # SHOW STATS averages, the stats line
-        self.metrics_servers: list[asyncio.AbstractServer] = []
-        # The console and the metrics endpoint, plugged in at start-up (cli.build_pooler):
-        # net/ never imports them. None: no console, no metrics (net/hooks.py).
-        self.open_console: OpenConsole | None = None
-        self.serve_metrics: ServeMetrics | None = None
-        # The TLS contexts in force (net/tls.py), rebuilt by apply_settings.
-        self.tls = Tls(settings.pooler)
-        # Research (pooler/research.py): the pools' policies, and the transaction log, opened
-        # through the hook cli.py sets (None: off).
-        self.policy_factories: research.Factories = research.factories(settings.pooler)
-        self.open_txlog: OpenTransactionLog | None = None
-        self.txlog: TransactionLog | None = None
-        # The protocol trace (pooler/tracing.py), made through the hook cli.py sets once it is
-        # first wanted; `trace_all` is it with `trace = on`, else None.
-        self.open_trace: OpenTrace | None = None
-        self.wire_trace: WireTrace | None = None
-        self.trace_all: WireTrace | None = None
-        # Replication clients waiting for their own server, and the joined pairs
-        # (pooler/replication.py).
-        self.replication = replication.Replication()
+        # Its fields, said once (pooler/record.py).
+        PoolerRecord.__init__(self, settings, research.factories(settings.pooler))
         self.load_auth()
 
     def load_auth(self) -> None:
@@ -159,32 +58,6 @@ class Pooler:
         client_logins.load_auth(self)
 
     # --- pools and servers ----------------------------------------------------------------
-
-    def limits_for(self, entry: DatabaseEntry, user: str) -> PoolLimits:
-        cfg = self.settings.pooler
-        user_entry = self.settings.users.get(user)
-
-        def pick(*values: float | str | None) -> float | str:
-            return next(v for v in values if v is not None)
-
-        # As PgBouncer: a [users] size wins over the [databases] one, which wins over the
-        # [pgbouncer] default.
-        return PoolLimits(
-            pool_size=int(pick(user_entry.pool_size if user_entry else None, entry.pool_size,
-                               cfg.default_pool_size)),
-            min_pool_size=int(pick(entry.min_pool_size, cfg.min_pool_size)),
-            reserve_pool_size=int(pick(user_entry.reserve_pool_size if user_entry else None,
-                                       entry.reserve_pool_size, cfg.reserve_pool_size)),
-            reserve_pool_timeout=cfg.reserve_pool_timeout,
-            pool_mode=str(pick(user_entry.pool_mode if user_entry else None, entry.pool_mode,
-                               cfg.pool_mode)),
-            server_lifetime=(cfg.server_lifetime if entry.server_lifetime is None
-                             else entry.server_lifetime),
-            query_wait_timeout=float(pick(
-                user_entry.query_wait_timeout if user_entry else None,
-                entry.query_wait_timeout, cfg.query_wait_timeout)),
-            session_state=str(pick(entry.session_state, cfg.session_state)),
-        )
 
     def pool_for(self, database: str, user: str) -> Pool | None:
         entry = self.settings.database(database)
@@ -206,12 +79,6 @@ class Pooler:
             self.launch_servers(pool)
         return pool
 
-    def credentials_for(self, entry: DatabaseEntry, user: str) -> ServerCredentials:
-        if entry.password:
-            return ServerCredentials(user, password=entry.password)
-        secret = self.auth_secrets.get(user) or self.auth_query_secrets.get(user)
-        return server_credentials.from_secret(user, secret, self.scram_client_keys.get(user))
-
     def launch_servers(self, pool: Pool) -> None:
         """Open the servers `pool` needs now (pooler/server_logins.py)."""
         server_logins.launch_servers(self, pool)
@@ -228,11 +95,6 @@ class Pooler:
     def open_server(self, pool: Pool, entry: DatabaseEntry,
                     startup: dict[str, str]) -> ServerConnection:
         return server_logins.open_server(self, pool, entry, startup)
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = self.loop.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def server_logged_in(self, server: ServerConnection) -> None:
         server_logins.server_logged_in(self, server)
@@ -330,17 +192,6 @@ class Pooler:
     def reload(self) -> bool:
         """Re-read the ini and the auth_file; keep the old config if the new one is bad."""
         return lifecycle.reread(self)
-
-    def use_settings(self, settings: Settings) -> None:
-        """Make `settings` the pooler's (at start, and by lifecycle.apply_settings)."""
-        self.settings = settings
-        cfg = settings.pooler
-        self.check_query = cfg.server_check_query
-        self.check_delay = float(cfg.server_check_delay)
-        self.pipeline_depth = int(cfg.pipeline_depth)
-        self.server_lifetime = float(cfg.server_lifetime)
-        self.reset_query_always = (cfg.server_reset_query if cfg.server_reset_query_always
-                                   else "")
 
     def apply_settings(self, new: Settings) -> None:
         lifecycle.apply_settings(self, new)

@@ -39,7 +39,7 @@ from ..protocol.startup import CANCEL_REQUEST_CODE
 
 if TYPE_CHECKING:
     from ..settings import PeerEntry
-    from .objects import Pooler
+    from .record import PoolerRecord as Pooler
 
 log = logging.getLogger("pypool")
 

@@ -42,13 +42,14 @@ from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol import replication as rep
 from ..protocol.errors import PoolerError
+from .replication_state import Replication
 
 if TYPE_CHECKING:
     from ..net.client import ClientConnection
     from ..net.server import ServerConnection
     from ..pooling.pool import Pool
     from ..settings import DatabaseEntry
-    from .objects import Pooler
+    from .record import PoolerRecord as Pooler
 
 log = logging.getLogger("pypool")
 
@@ -56,23 +57,6 @@ log = logging.getLogger("pypool")
 CLIENT_GONE = "replication client disconnected"
 EVICTED = "evicted"
 LOGIN_FAILED = "login failed"
-
-
-class Replication:
-    """The replication clients of one Pooler that do not yet have a server running."""
-
-    def __init__(self) -> None:
-        # Authenticated replication clients waiting for room in their pool, oldest first.
-        self.queues: dict[Pool, deque[ClientConnection]] = {}
-        # Dedicated servers logging in, and the client each is for (and the other way).
-        self.pending: dict[ServerConnection, ClientConnection] = {}
-        self.pending_for: dict[ClientConnection, ServerConnection] = {}
-        # Joined pairs, by either connection.
-        self.pipes: dict[object, ReplicationPipe] = {}
-
-    def in_use(self) -> bool:
-        """Whether any replication client is here (the hooks cost nothing otherwise)."""
-        return bool(self.queues or self.pending or self.pipes)
 
 
 def kind_of(client: ClientConnection) -> str:

@@ -12,21 +12,19 @@ Nothing here runs per transaction.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..pooling import policies
+from ..pooling.policies import Factories
 
 if TYPE_CHECKING:
     from ..net.server import ServerConnection
     from ..pooling.pool import Pool
     from ..settings import PoolerSettings
-    from .objects import Pooler
+    from .record import PoolerRecord as Pooler
 
 log = logging.getLogger("pypool")
-
-Factories = tuple[Callable[[], Any] | None, Callable[[], Any] | None]
-
 
 def factories(cfg: PoolerSettings) -> Factories:
     """What makes each pool's queue and server policy (None: the inline default)."""

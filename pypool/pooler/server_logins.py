@@ -38,7 +38,7 @@ from . import linking, replication
 if TYPE_CHECKING:
     from ..pooling.pool import Pool
     from ..settings import DatabaseEntry
-    from .objects import Pooler
+    from .record import PoolerRecord as Pooler
 
 log = logging.getLogger("pypool")
 

@@ -38,7 +38,6 @@ import logging
 import os
 import socket
 import struct
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from ..core.states import ClientEvent, ClientState
@@ -47,10 +46,11 @@ from ..net.unix_socket import MAX_SOCKET_PATH, UnixSocket, peer_uid, socket_path
 from ..protocol import errors
 from ..protocol.errors import PoolerError
 from . import replication
+from .takeover_state import Takeover
 
 if TYPE_CHECKING:
     from ..settings import Settings
-    from .objects import Pooler
+    from .record import PoolerRecord as Pooler
 
 log = logging.getLogger("pypool")
 
@@ -394,20 +394,6 @@ def _send_clients(conn: socket.socket, scram_keys: dict[str, str],
 
 
 # --- the new process: ask, take the sockets, adopt the clients ----------------------------
-
-
-@dataclass
-class Takeover:
-    """A takeover under way, in the new process: the connection to the old one and the
-    sockets it passed."""
-
-    conn: socket.socket
-    # "ready" has gone to the old process: cancels may follow it on `conn` (not before, or
-    # the old process would read one as the answer it waits for).
-    ready: bool = False
-    tcp: list[socket.socket] = field(default_factory=list)
-    unix: socket.socket | None = None
-    takeover: socket.socket | None = None
 
 
 def request(settings: Settings) -> Takeover:

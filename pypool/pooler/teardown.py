@@ -34,7 +34,7 @@ from . import lifecycle, linking, replication
 if TYPE_CHECKING:
     from ..net.client import ClientConnection
     from ..net.server import ServerConnection
-    from .objects import Pooler
+    from .record import PoolerRecord as Pooler
 
 log = logging.getLogger("pypool")
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ..net.client import ClientConnection
     from ..net.hooks import WireTrace
     from ..settings import PoolerSettings
-    from .objects import Pooler
+    from .record import PoolerRecord as Pooler
 
 
 def _made(pooler: Pooler) -> WireTrace | None:

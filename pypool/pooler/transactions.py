@@ -32,7 +32,7 @@ from . import linking
 
 if TYPE_CHECKING:
     from ..net.client import ClientConnection
-    from .objects import Pooler
+    from .record import PoolerRecord as Pooler
 
 log = logging.getLogger("pypool.client")
 

@@ -276,3 +276,8 @@ def policy_name(policy: Any, default: str) -> str:
     if policy is None:
         return default
     return str(getattr(policy, "name", type(policy).__name__))
+
+
+# What makes each pool's queue and server policy (None: the inline default), made from the
+# settings at start and on a reload that changes them (pooler/research.py).
+Factories = tuple[Callable[[], QueuePolicy] | None, Callable[[], ServerPolicy] | None]

@@ -1,0 +1,35 @@
+"""What the Pooler holds of its replication clients (pooler/replication.py): who waits for a
+dedicated server, which server logs in for whom, and the joined pairs.
+
+Plain data, apart so that the Pooler's fields (pooler/record.py) can name it without
+importing the module that acts on it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections import deque
+
+    from ..net.client import ClientConnection
+    from ..net.replication_pipe import ReplicationPipe
+    from ..net.server import ServerConnection
+    from ..pooling.pool import Pool
+
+
+class Replication:
+    """The replication clients of one Pooler that do not yet have a server running."""
+
+    def __init__(self) -> None:
+        # Authenticated replication clients waiting for room in their pool, oldest first.
+        self.queues: dict[Pool, deque[ClientConnection]] = {}
+        # Dedicated servers logging in, and the client each is for (and the other way).
+        self.pending: dict[ServerConnection, ClientConnection] = {}
+        self.pending_for: dict[ClientConnection, ServerConnection] = {}
+        # Joined pairs, by either connection.
+        self.pipes: dict[object, ReplicationPipe] = {}
+
+    def in_use(self) -> bool:
+        """Whether any replication client is here (the hooks cost nothing otherwise)."""
+        return bool(self.queues or self.pending or self.pipes)
