@@ -1,6 +1,7 @@
 """pypool behind a real HAProxy: three instances as [peers] of each other behind one address,
 the PROXY protocol (v2) from HAProxy, HAProxy's health checks against GET /health, and a
-rolling restart under load (docs/operating.md, "Behind HAProxy: a rolling restart").
+rolling restart under load (docs/operating.md, "Behind HAProxy: health checks and rolling
+restarts").
 
 HAProxy connects to the instances from 127.0.0.3 (`source`), the only address in their
 `proxy_protocol_sources`; the tests connect from 127.0.0.1, to HAProxy or straight to an
@@ -206,11 +207,11 @@ def test_show_clients_shows_the_real_client_address(cluster: Cluster) -> None:
         mine = {raw.sock.getsockname() for raw in clients}
         seen = set()
         for p in cluster.instances:
-            for row in show(p, "CLIENTS"):
-                if row["database"] == "app":
-                    assert row["addr"] != BALANCER_SOURCE, row
-                    seen.add((row["addr"], row["port"]))
-        assert seen == mine  # round robin: one on each instance, each with its own address
+            rows = [row for row in show(p, "CLIENTS") if row["database"] == "app"]
+            assert len(rows) == 1  # round robin: one client on each instance
+            assert rows[0]["addr"] != BALANCER_SOURCE, rows
+            seen.add((rows[0]["addr"], rows[0]["port"]))
+        assert seen == mine  # each client's own address and port
     finally:
         for raw in clients:
             raw.close()
