@@ -1,5 +1,7 @@
 """Prometheus metrics: a Collector that reads the pooler's counters when scraped, and a small
-HTTP endpoint on the event loop serving them at /metrics (metrics_addr:metrics_port).
+HTTP endpoint on the event loop serving them at /metrics (metrics_addr:metrics_port), and
+/health for a load balancer's checks: 200 while this instance accepts clients, 503 once it
+is shutting down (a drain, docs/operating.md).
 
 Names follow prometheus-community/pgbouncer_exporter where it has one (pgbouncer_pools_*,
 pgbouncer_stats_*, pgbouncer_databases_*, pgbouncer_up, ...), built from the very rows the
@@ -295,7 +297,8 @@ HEAD_TIMEOUT = 5.0
 
 async def serve_metrics(view: PoolerView, addrs: str, port: int
                         ) -> list[asyncio.AbstractServer]:
-    """Listen on each of `addrs` (comma-separated, `*` for all) and answer GET /metrics."""
+    """Listen on each of `addrs` (comma-separated, `*` for all) and answer GET /metrics
+    and GET /health."""
     registry = registry_for(view)
     open_connections = 0
 
@@ -307,7 +310,7 @@ async def serve_metrics(view: PoolerView, addrs: str, port: int
         open_connections += 1
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
-            writer.write(_response(registry, head.split(b"\r\n", 1)[0]))
+            writer.write(_response(registry, view, head.split(b"\r\n", 1)[0]))
             await writer.drain()
         except (asyncio.LimitOverrunError, ValueError):
             writer.write(_TOO_LARGE)
@@ -338,13 +341,20 @@ def _hosts(addrs: str) -> Sequence[str | None]:
     return [None if h == "*" else h for h in (a.strip() for a in addrs.split(",")) if h]
 
 
-def _response(registry: CollectorRegistry, request_line: bytes) -> bytes:
+def _response(registry: CollectorRegistry, view: PoolerView, request_line: bytes) -> bytes:
     parts = request_line.decode("latin-1").split()
     method = parts[0] if parts else ""
     path = parts[1].split("?", 1)[0] if len(parts) > 1 else ""
     content_type = "text/plain; charset=utf-8"
     if method not in ("GET", "HEAD"):
         status, body = "405 Method Not Allowed", b"GET /metrics\n"
+    elif path == "/health":
+        # For a balancer's health check (HAProxy's `option httpchk GET /health`): a
+        # draining instance says so at once, before its last client has left.
+        if view.shutting_down:
+            status, body = "503 Service Unavailable", b"shutting down\n"
+        else:
+            status, body = "200 OK", b"accepting\n"
     elif path not in ("/metrics", "/"):
         status, body = "404 Not Found", b"GET /metrics\n"
     else:

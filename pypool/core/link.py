@@ -25,8 +25,9 @@ behind it, and its session state: a client whose session state cannot follow it 
 temporary table: pooling/session_state.py) keeps its server as in session mode. Only
 READY_RELEASE gives the server back: never with replies owed, never mid-transaction.
 
-A link may be marked `last` (SIGINT's shutdown, which lets running transactions finish): its
-next release also ends the client (action CLOSE_CLIENT), at a transaction boundary.
+A link may be marked `last` (SIGINT's drain, which lets running transactions finish): its
+next transaction boundary releases the server and ends the client (READY_RELEASE_LAST:
+RELEASE and CLOSE_CLIENT), in session mode and when pinned too.
 
 docs/link.md draws this table; tests/core/test_link.py fails when the two disagree.
 Never imports asyncio and never touches a connection: it says, the pooler does.
@@ -188,6 +189,8 @@ def ready_event(ledger: FrontendLedger, status: int, mode: str, link: Link, chai
     if ledger.doubtful or (queued and not chained):
         return E.READY_DOUBT
     if status == m.TX_IDLE:
+        if link.last and link.state is not S.CLOSED:
+            return E.READY_RELEASE_LAST  # a drain ends it here, whatever kept its server
         if mode == "session":
             return E.READY_SESSION
         if pinned and link.state is not S.CLOSED:

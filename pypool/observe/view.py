@@ -108,6 +108,8 @@ class PoolerState(Protocol):
     @property
     def suspended(self) -> bool: ...
     @property
+    def shutting_down(self) -> str: ...
+    @property
     def paused_dbs(self) -> AbstractSet[str]: ...
     @property
     def disabled_dbs(self) -> AbstractSet[str]: ...
@@ -308,6 +310,11 @@ class PoolerView:
     @property
     def suspended(self) -> bool:
         return self._pooler.suspended
+
+    @property
+    def shutting_down(self) -> bool:
+        """SIGINT, SIGTERM or a SHUTDOWN began: the listeners are closed (GET /health)."""
+        return bool(self._pooler.shutting_down)
 
     def paused(self, database: str) -> bool:
         """PAUSE of everything, or of this database (or KILL of it)."""

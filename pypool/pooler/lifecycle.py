@@ -4,7 +4,8 @@
 janitor and the stats period, opens the min_pool_size servers and writes the pidfile.
 `reread` and `apply_settings` switch to a new configuration (RELOAD, SIGHUP, SET) without
 dropping anyone; `pause_all`, `set_paused` and `tag_dirty` are PAUSE, RESUME and RECONNECT;
-`shutdown` drains transactions (SIGINT) or clients (SIGTERM) before `exit_now`.
+`shutdown` drains transactions (SIGINT: `drain` ends each client at its transaction
+boundary) or clients (SIGTERM) before `exit_now`.
 `install_signals` maps the signals onto these, as PgBouncer's.
 
 It sets the operator's switches on the Pooler (shutting_down, paused_all, the retired
@@ -23,7 +24,7 @@ import signal
 from typing import TYPE_CHECKING
 
 from .. import compiled
-from ..core.link import LinkEvent
+from ..core.link import LinkEvent, LinkState
 from ..net.client import ClientConnection
 from ..net.socket_options import tune_listeners
 from ..net.unix_socket import open_unix_socket
@@ -217,9 +218,9 @@ _SHUTDOWN_LINES = {
 
 
 def shutdown(pooler: Pooler, how: str) -> None:
-    """SIGINT (SHUTDOWN WAIT_FOR_SERVERS): let transactions finish; a client that asks for a
-    server after that, or is queued for one, is told "server shutting down"; exit once no
-    client holds a server. SIGTERM (WAIT_FOR_CLIENTS): let clients finish. Again: exit now."""
+    """SIGINT (SHUTDOWN WAIT_FOR_SERVERS): stop accepting, let transactions finish and end
+    each client at its boundary (`drain`); exit once no client holds a server. SIGTERM
+    (WAIT_FOR_CLIENTS): let clients finish. Again: exit now."""
     if pooler.shutting_down or how == "now":
         if pooler.shutting_down and how != "now":
             log.info("got %s while shutting down, fast exit", how)
@@ -236,12 +237,31 @@ def shutdown(pooler: Pooler, how: str) -> None:
     if pooler.settings.pooler.shutdown_timeout:
         pooler.loop.call_later(pooler.settings.pooler.shutdown_timeout, exit_now, pooler)
     if how == "SIGINT":
-        # Queued clients are told by the janitor's next sweep, idle ones when they ask for a
-        # server (linking.request_server) or at the exit.
-        for client in list(pooler.clients):
-            if client.link.linked():
-                client.on_link(LinkEvent.SHUTDOWN)
+        drain(pooler)
     maybe_exit(pooler)
+
+
+def drain(pooler: Pooler) -> None:
+    """End every pooled client at its transaction boundary (SIGINT, SHUTDOWN
+    WAIT_FOR_SERVERS): one between transactions now, one inside a transaction once it ends
+    (its link's SHUTDOWN marks it last: linking.release then closes it). Each is told
+    `server shutting down`, SQLSTATE 57P01 admin_shutdown, what PostgreSQL itself says
+    when a backend is shut down: drivers and their pools take it as "this connection is
+    gone, open another" (docs/operating.md, Draining). Console sessions and clients still
+    logging in stay (a login reaching its end is refused; the console is how the drain is
+    watched)."""
+    replication = pooler.replication.pipes
+    for client in list(pooler.clients):
+        if client.admin is not None or client in pooler.login_clients:
+            continue
+        if not client.link.linked():
+            client.fail(errors.shutting_down())  # idle, or queued for a server
+            continue
+        client.on_link(LinkEvent.SHUTDOWN)
+        if (client.link.state is LinkState.ACTIVE and client.ledger.idle()
+                and client.tx_status == m.TX_IDLE and client not in replication):
+            # Linked between transactions: session mode, or pinned by its session state.
+            client.fail(errors.shutting_down())
 
 
 def maybe_exit(pooler: Pooler) -> None:

@@ -198,3 +198,24 @@ def test_a_flood_of_connections_with_huge_heads_is_bounded(
         assert sock.recv(100).startswith(b"HTTP/1.1 431")
     wait_until(lambda: "pgbouncer_up" in scrape(p, port), timeout=10)
     assert rss_mib(p.proc.pid) - before < 32
+
+
+def test_health_says_whether_this_instance_accepts(metrics_pooler: tuple[Pooler, int]) -> None:
+    """GET /health: 200 `accepting`, then 503 `shutting down` from the moment a drain begins
+    (SHUTDOWN WAIT_FOR_CLIENTS here, kept waiting by a connected client), while /metrics
+    still answers; HEAD gets the status alone."""
+    p, port = metrics_pooler
+    assert scrape(p, port, "/health") == "accepting\n"
+    request = urllib.request.Request(f"http://{p.host}:{port}/health", method="HEAD")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 200 and response.read() == b""
+    with app(p) as client:
+        client.execute("SELECT 1")
+        with console(p) as admin:
+            admin.execute("SHUTDOWN WAIT_FOR_CLIENTS")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            scrape(p, port, "/health")
+        assert refused.value.code == 503 and refused.value.read() == b"shutting down\n"
+        assert "pgbouncer_up" in scrape(p, port)
+        assert p.proc.poll() is None  # still serving its client
+    p.proc.wait(10)

@@ -68,6 +68,22 @@ def test_a_release_after_shutdown_also_ends_the_client() -> None:
     assert link.on(event) == lk.RELEASE | lk.CLOSE_CLIENT
 
 
+def test_a_drain_ends_session_mode_and_pinned_clients_at_their_boundary() -> None:
+    """What keeps a server across transactions (session mode, session state) does not keep
+    a client marked last: its ReadyForQuery 'I' releases and ends it; inside a transaction
+    it stays; a client gone is judged as before."""
+    for mode, pinned in (("session", False), ("transaction", True)):
+        link = at(LinkState.ACTIVE)
+        link.on(LinkEvent.SHUTDOWN)
+        assert ready_event(owed_nothing(), m.TX_IN_BLOCK, mode, link, False, 0, pinned) == (
+            LinkEvent.READY_IN_TRANSACTION)
+        assert ready_event(owed_nothing(), m.TX_IDLE, mode, link, False, 0, pinned) == (
+            LinkEvent.READY_RELEASE_LAST)
+        link.on(LinkEvent.GONE)
+        assert ready_event(owed_nothing(), m.TX_IDLE, mode, link, False, 0, pinned) == (
+            LinkEvent.READY_SESSION if mode == "session" else LinkEvent.READY_RELEASE_LAST)
+
+
 def test_shutdown_of_an_idle_client_is_not_a_link_event() -> None:
     # An idle client holds no transaction: the shutdown ends it at once, not at a release.
     with pytest.raises(IllegalTransition):

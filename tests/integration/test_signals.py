@@ -221,3 +221,38 @@ def test_sigusr2_during_a_shutdown_is_ignored(pooler) -> None:
     finally:
         conn.close()
     p.proc.wait(5)
+
+
+def test_sigint_drains_at_transaction_boundaries(postgres, pooler) -> None:
+    """The drain: a client between transactions is ended at once, not at the exit; one in
+    a transaction block ends at its COMMIT; a session-mode client at its next
+    ReadyForQuery 'I', or at once when it sits between transactions holding its server.
+    Each is told 57P01 (admin_shutdown), then the pooler exits."""
+    from tests.integration.rawclient import RawClient
+
+    server = f"host={postgres.host} port={postgres.port} dbname=app"
+    p = pooler({"auth_type": "trust"},
+               databases={"app": server, "app_session": f"{server} pool_mode=session"})
+    idle, in_tx, session, session_idle = (RawClient(p.host, p.port) for _ in range(4))
+    try:
+        for client, db in ((idle, "app"), (in_tx, "app"), (session, "app_session"),
+                           (session_idle, "app_session")):
+            assert client.login("app", db).error is None
+            assert client.simple_query("SELECT 1")[0] == [["1"]]
+        assert in_tx.simple_query("BEGIN")[2] == ord("T")
+        assert session.simple_query("BEGIN")[2] == ord("T")
+        p.proc.send_signal(signal.SIGINT)
+        assert idle.read_error_and_close()["C"] == "57P01"  # at once
+        assert session_idle.read_error_and_close()["C"] == "57P01"
+        assert p.proc.poll() is None
+        assert in_tx.simple_query("SELECT 2")[0] == [["2"]]
+        in_tx.query("COMMIT")
+        assert in_tx.read_error_and_close()["C"] == "57P01"  # after its COMMIT's reply
+        assert p.proc.poll() is None
+        session.query("COMMIT")
+        assert session.read_error_and_close()["C"] == "57P01"
+        p.proc.wait(5)
+        assert p.proc.returncode == 0
+    finally:
+        for client in (idle, in_tx, session, session_idle):
+            client.close()
