@@ -267,7 +267,10 @@ def _prepared_count(connection: Any) -> int:
     statements = getattr(connection, "statements", None)
     if statements is None:
         return 0
-    return len(getattr(statements, "names", None) or getattr(statements, "lru", None) or ())
+    # A client's ClientStatements names them; a server's ServerStatements keeps them in
+    # its cache (pooling/prepared/cache.py).
+    cache = getattr(statements, "cache", None)
+    return len(getattr(statements, "names", None) or getattr(cache, "lru", None) or ())
 
 
 class PoolerView:
