@@ -145,6 +145,9 @@ class PoolerSettings:
     metrics_addr: str = ""
     metrics_port: int = 0
     shutdown_timeout: float = 0.0
+    # pypool's own: SIGINT (and SHUTDOWN WAIT_FOR_SERVERS) drains, as `SHUTDOWN DRAIN` does
+    # (docs/operating.md, Draining); 0, the default, keeps PgBouncer's SIGINT.
+    shutdown_drain: bool = False
     cancel_wait_timeout: float = 10.0
     # TLS (net/tls.py, docs/tls.md), PgBouncer's defaults: towards servers prefer (TLS when
     # the server offers it, unverified), towards clients off.

@@ -236,13 +236,15 @@ def reload(pooler: PoolerControl, arg: str) -> Reply:
 
 def shutdown(pooler: PoolerControl, arg: str) -> Reply:
     """SHUTDOWN: exit now. WAIT_FOR_SERVERS: as SIGINT (let transactions finish).
-    WAIT_FOR_CLIENTS: as SIGTERM (let clients leave)."""
+    WAIT_FOR_CLIENTS: as SIGTERM (let clients leave). DRAIN (pypool's): end each client at
+    its next transaction boundary, then exit."""
     mode = arg.upper()
     if mode == "":
         log.info("SHUTDOWN command issued")
         pooler.shutdown("now")
         return NO_REPLY
-    how = {"WAIT_FOR_SERVERS": "SIGINT", "WAIT_FOR_CLIENTS": "SIGTERM"}.get(mode)
+    how = {"WAIT_FOR_SERVERS": "SIGINT", "WAIT_FOR_CLIENTS": "SIGTERM",
+           "DRAIN": "DRAIN"}.get(mode)
     if how is None:
         raise InvalidCommand(arg)
     log.info("SHUTDOWN %s command issued", mode)

@@ -25,9 +25,10 @@ behind it, and its session state: a client whose session state cannot follow it 
 temporary table: pooling/session_state.py) keeps its server as in session mode. Only
 READY_RELEASE gives the server back: never with replies owed, never mid-transaction.
 
-A link may be marked `last` (SIGINT's drain, which lets running transactions finish): its
-next transaction boundary releases the server and ends the client (READY_RELEASE_LAST:
-RELEASE and CLOSE_CLIENT), in session mode and when pinned too.
+A link may be marked `last` (SIGINT's shutdown, PgBouncer's: running transactions finish):
+its next release also ends the client (READY_RELEASE_LAST: RELEASE and CLOSE_CLIENT). A
+drain (DRAIN: `SHUTDOWN DRAIN`, or SIGINT with `shutdown_drain = 1`) marks it `draining`
+too: its next transaction boundary ends it even in session mode or when pinned.
 
 docs/link.md draws this table; tests/core/test_link.py fails when the two disagree.
 Never imports asyncio and never touches a connection: it says, the pooler does.
@@ -73,10 +74,11 @@ class LinkEvent:
     READY_REFUSED: Final = 14  # statement mode: a transaction block was opened: fail it
     SHUTDOWN: Final = 15  # the pooler is shutting down: end the client at its release
     GONE: Final = 16  # the client's connection is gone
+    DRAIN: Final = 17  # a drain: end it at its next transaction boundary, whatever keeps it
     NAMES: Final = ("QUEUED", "LINKED", "LINKED_TO_SET", "APPLIED", "CHECK_FAILED",
                     "LINED_UP", "TURN", "READY_RELEASE", "READY_RELEASE_LAST",
                     "READY_IN_TRANSACTION", "READY_SESSION", "READY_PINNED", "READY_DOUBT",
-                    "READY_OPEN", "READY_REFUSED", "SHUTDOWN", "GONE")
+                    "READY_OPEN", "READY_REFUSED", "SHUTDOWN", "GONE", "DRAIN")
 
 
 # What the pooler must do (bits of Link.on's result), in this order.
@@ -91,8 +93,10 @@ NOTICE_PINNED: Final = 128  # tell the client, once, that it keeps its server
 REFUSE: Final = 256  # statement mode's error for a transaction block
 CLOSE_CLIENT: Final = 512  # end the client: its transaction is over (shutdown)
 MARK_LAST: Final = 1024  # remember to end the client at its next release
+MARK_DRAIN: Final = 2048  # and release it at its next boundary, session mode or pinned too
 ACTION_NAMES: Final = ("HOLD", "SEND", "UNLINK", "RELEASE", "CLOSE_SERVER", "ASK_AGAIN",
-                       "COUNT_XACT", "NOTICE_PINNED", "REFUSE", "CLOSE_CLIENT", "MARK_LAST")
+                       "COUNT_XACT", "NOTICE_PINNED", "REFUSE", "CLOSE_CLIENT", "MARK_LAST",
+                       "MARK_DRAIN")
 
 E = LinkEvent
 S = LinkState
@@ -130,6 +134,7 @@ LINK_TABLE: dict[tuple[LinkState, int], tuple[LinkState, int]] = {
     (S.CLOSED, E.READY_RELEASE_LAST): (S.CLOSED, RELEASE),
     (S.CLOSED, E.TURN): (S.CLOSED, 0),
     **{(state, E.SHUTDOWN): (state, MARK_LAST) for state in _LINKED_STATES},
+    **{(state, E.DRAIN): (state, MARK_LAST | MARK_DRAIN) for state in _LINKED_STATES},
     **{(state, E.GONE): (S.CLOSED, 0) for state in LinkState if state is not S.CLOSED},
 }
 
@@ -157,6 +162,7 @@ class Link:
     def __init__(self) -> None:
         self.state = LinkState.IDLE
         self.last = False  # end the client at its next release (SIGINT's shutdown)
+        self.draining = False  # and end it at its next boundary even if it keeps its server
 
     def on(self, event: int) -> int:
         """Move to the state the table gives for `event`; return the actions to carry out."""
@@ -167,6 +173,8 @@ class Link:
         self.state, actions = target
         if actions & MARK_LAST:
             self.last = True
+            if actions & MARK_DRAIN:
+                self.draining = True
         return actions
 
     def linked(self) -> bool:
@@ -189,7 +197,7 @@ def ready_event(ledger: FrontendLedger, status: int, mode: str, link: Link, chai
     if ledger.doubtful or (queued and not chained):
         return E.READY_DOUBT
     if status == m.TX_IDLE:
-        if link.last and link.state is not S.CLOSED:
+        if link.draining and link.state is not S.CLOSED:
             return E.READY_RELEASE_LAST  # a drain ends it here, whatever kept its server
         if mode == "session":
             return E.READY_SESSION

@@ -214,13 +214,16 @@ def _resize_statement_caches(pooler: Pooler, old_cap: int) -> None:
 _SHUTDOWN_LINES = {
     "SIGINT": "got SIGINT, shutting down, waiting for all servers connections to be released",
     "SIGTERM": "got SIGTERM, shutting down, waiting for all clients disconnect",
+    "DRAIN": "draining: each client ends at its next transaction boundary",
 }
 
 
 def shutdown(pooler: Pooler, how: str) -> None:
-    """SIGINT (SHUTDOWN WAIT_FOR_SERVERS): stop accepting, let transactions finish and end
-    each client at its boundary (`drain`); exit once no client holds a server. SIGTERM
-    (WAIT_FOR_CLIENTS): let clients finish. Again: exit now."""
+    """SIGINT (SHUTDOWN WAIT_FOR_SERVERS), PgBouncer's: stop accepting, let transactions
+    finish; a client that asks for a server after that, or is queued for one, is told
+    "server shutting down"; exit once no client holds a server. DRAIN (SHUTDOWN DRAIN, or
+    SIGINT with shutdown_drain = 1): the same, and each client is ended at its transaction
+    boundary (`drain`). SIGTERM (WAIT_FOR_CLIENTS): let clients finish. Again: exit now."""
     if pooler.shutting_down or how == "now":
         if pooler.shutting_down and how != "now":
             log.info("got %s while shutting down, fast exit", how)
@@ -228,7 +231,13 @@ def shutdown(pooler: Pooler, how: str) -> None:
             log.info("got SIGQUIT, fast exit")
         exit_now(pooler)
         return
+    if how == "SIGINT" and pooler.settings.pooler.shutdown_drain:
+        log.info("%s", _SHUTDOWN_LINES[how])
+        how = "DRAIN"
     log.info("%s", _SHUTDOWN_LINES.get(how, f"{how}: shutting down"))
+    draining = how == "DRAIN"
+    if draining:
+        how = "SIGINT"  # what the shutdown waits for, and what new requests are told
     pooler.shutting_down = how
     # The TCP listeners close; the unix socket stays until the exit, as PgBouncer keeps it:
     # a client there is told the pooler is shutting down rather than refused.
@@ -236,15 +245,22 @@ def shutdown(pooler: Pooler, how: str) -> None:
         listener.close()
     if pooler.settings.pooler.shutdown_timeout:
         pooler.loop.call_later(pooler.settings.pooler.shutdown_timeout, exit_now, pooler)
-    if how == "SIGINT":
+    if draining:
         drain(pooler)
+    elif how == "SIGINT":
+        # Queued clients are told by the janitor's next sweep, idle ones when they ask for a
+        # server (linking.request_server) or at the exit.
+        for client in list(pooler.clients):
+            if client.link.linked():
+                client.on_link(LinkEvent.SHUTDOWN)
     maybe_exit(pooler)
 
 
 def drain(pooler: Pooler) -> None:
-    """End every pooled client at its transaction boundary (SIGINT, SHUTDOWN
-    WAIT_FOR_SERVERS): one between transactions now, one inside a transaction once it ends
-    (its link's SHUTDOWN marks it last: linking.release then closes it). Each is told
+    """End every pooled client at its transaction boundary (SHUTDOWN DRAIN, or SIGINT with
+    shutdown_drain = 1): one between transactions now, one inside a transaction once it
+    ends (its link's DRAIN marks it last and draining: it is released and closed there).
+    Each is told
     `server shutting down`, SQLSTATE 57P01 admin_shutdown, what PostgreSQL itself says
     when a backend is shut down: drivers and their pools take it as "this connection is
     gone, open another" (docs/operating.md, Draining). Console sessions and clients still
@@ -257,7 +273,7 @@ def drain(pooler: Pooler) -> None:
         if not client.link.linked():
             client.fail(errors.shutting_down())  # idle, or queued for a server
             continue
-        client.on_link(LinkEvent.SHUTDOWN)
+        client.on_link(LinkEvent.DRAIN)
         if (client.link.state is LinkState.ACTIVE and client.ledger.idle()
                 and client.tx_status == m.TX_IDLE and client not in replication):
             # Linked between transactions: session mode, or pinned by its session state.

@@ -70,11 +70,12 @@ def test_a_release_after_shutdown_also_ends_the_client() -> None:
 
 def test_a_drain_ends_session_mode_and_pinned_clients_at_their_boundary() -> None:
     """What keeps a server across transactions (session mode, session state) does not keep
-    a client marked last: its ReadyForQuery 'I' releases and ends it; inside a transaction
+    a draining client: its ReadyForQuery 'I' releases and ends it; inside a transaction
     it stays; a client gone is judged as before."""
     for mode, pinned in (("session", False), ("transaction", True)):
         link = at(LinkState.ACTIVE)
-        link.on(LinkEvent.SHUTDOWN)
+        assert link.on(LinkEvent.DRAIN) == lk.MARK_LAST | lk.MARK_DRAIN
+        assert link.last and link.draining
         assert ready_event(owed_nothing(), m.TX_IN_BLOCK, mode, link, False, 0, pinned) == (
             LinkEvent.READY_IN_TRANSACTION)
         assert ready_event(owed_nothing(), m.TX_IDLE, mode, link, False, 0, pinned) == (
@@ -82,6 +83,18 @@ def test_a_drain_ends_session_mode_and_pinned_clients_at_their_boundary() -> Non
         link.on(LinkEvent.GONE)
         assert ready_event(owed_nothing(), m.TX_IDLE, mode, link, False, 0, pinned) == (
             LinkEvent.READY_SESSION if mode == "session" else LinkEvent.READY_RELEASE_LAST)
+
+
+def test_pgbouncer_s_shutdown_keeps_session_mode_and_pinned_clients() -> None:
+    """SIGINT as PgBouncer's (no drain): a session-mode or pinned client keeps its server
+    past its transactions, so the exit waits for it to leave."""
+    for mode, pinned, event in (("session", False, LinkEvent.READY_SESSION),
+                                ("transaction", True, LinkEvent.READY_PINNED),
+                                ("transaction", False, LinkEvent.READY_RELEASE_LAST)):
+        link = at(LinkState.ACTIVE)
+        link.on(LinkEvent.SHUTDOWN)
+        assert link.last and not link.draining
+        assert ready_event(owed_nothing(), m.TX_IDLE, mode, link, False, 0, pinned) == event
 
 
 def test_shutdown_of_an_idle_client_is_not_a_link_event() -> None:
@@ -184,7 +197,7 @@ def test_no_link_state_is_written_outside_the_table() -> None:
         if path.name == "link.py" and path.parent.name == "core":
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
-            if re.search(r"\blink\.(state|last)\s*=(?!=)|close_after_release|setting_for",
+            if re.search(r"\blink\.(state|last|draining)\s*=(?!=)|close_after_release|setting_for",
                          line):
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert offenders == []

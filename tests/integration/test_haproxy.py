@@ -167,7 +167,8 @@ def cluster(postgres: EmbeddedPostgres, pooler: PoolerFactory,
         f"{i + 1} = host={tmp_path / f'pooler-{i + 1}'} port={ports[i]}\n"
         for i in range(INSTANCES))
     instances = [
-        pooler({"auth_type": "trust", "listen_port": str(ports[i]), "peer_id": str(i + 1),
+        pooler({"auth_type": "trust", "shutdown_drain": "1",
+                "listen_port": str(ports[i]), "peer_id": str(i + 1),
                 "metrics_port": str(metrics[i]), "metrics_addr": "127.0.0.1",
                 "proxy_protocol_sources": BALANCER_SOURCE, "shutdown_timeout": "20"},
                extra_sections=peers)

@@ -231,7 +231,7 @@ def test_sigint_drains_at_transaction_boundaries(postgres, pooler) -> None:
     from tests.integration.rawclient import RawClient
 
     server = f"host={postgres.host} port={postgres.port} dbname=app"
-    p = pooler({"auth_type": "trust"},
+    p = pooler({"auth_type": "trust", "shutdown_drain": "1"},
                databases={"app": server, "app_session": f"{server} pool_mode=session"})
     idle, in_tx, session, session_idle = (RawClient(p.host, p.port) for _ in range(4))
     try:
