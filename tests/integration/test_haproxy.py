@@ -314,7 +314,7 @@ def committed_past(writers: list[Writer], count: int) -> bool:
 def test_rolling_restart_under_load_loses_nothing(
         postgres: EmbeddedPostgres, cluster: Cluster, app_table: str) -> None:
     """Four reconnecting writers through HAProxy while each instance in turn is drained
-    (SHUTDOWN WAIT_FOR_SERVERS on the console for the first, SIGINT for the others),
+    (SHUTDOWN DRAIN on the console for the first, SIGINT with shutdown_drain for the others),
     waited for, restarted, seen UP again by HAProxy and sent clients. No transaction fails
     once begun, and every committed row is in PostgreSQL and nothing else is."""
     stop = threading.Event()
@@ -327,7 +327,7 @@ def test_rolling_restart_under_load_loses_nothing(
             before = sum(len(w.committed) for w in writers)
             if n == 0:
                 with connect(p.dsn("pgbouncer", ADMIN_USER, ADMIN_PASSWORD)) as admin:
-                    admin.execute("SHUTDOWN WAIT_FOR_SERVERS")
+                    admin.execute("SHUTDOWN DRAIN")
             else:
                 p.proc.send_signal(signal.SIGINT)
             p.proc.wait(10)
