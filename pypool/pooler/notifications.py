@@ -22,7 +22,10 @@ connection is net/listen_server.py. This module is the glue between them and the
   with listen_mode = pin, until the listening connection has them: the server goes back at
   once if the client is idle, else at its next ReadyForQuery, and gets UNLISTEN * before
   its next client. Nothing committed after the client's LISTEN is missed but what commits
-  in the instant between that server's last ReadyForQuery and the pooler reading it;
+  in the instant between that server's last ReadyForQuery and the pooler reading it. (Not
+  bridged, that server may still deliver with the LISTEN's ReadyForQuery what PostgreSQL
+  gives a new listener at its commit, which the listening connection may then deliver
+  again: a duplicate, never a loss);
 - when the connection is lost, every client that listened gets a NOTICE saying
   notifications may have been missed, a new connection is opened (at once if the lost one
   had logged in, else after server_login_retry), LISTENs every channel again, and the
@@ -110,9 +113,11 @@ def gone(pooler: Pooler, client: ClientConnection) -> None:
     """`client` left: it wants nothing any more."""
     pool = client.pool
     hub = pool.listening if pool is not None else None
-    if pool is not None and hub is not None and client in hub.wants:
-        hub.want(client, frozenset())
-        _keep(pooler, pool, hub)
+    if pool is not None and hub is not None:
+        hub.bridging.pop(client, None)
+        if client in hub.wants:
+            hub.want(client, frozenset())
+            _keep(pooler, pool, hub)
 
 
 def _flush(client: ClientConnection, session: ClientSession) -> None:
