@@ -28,8 +28,8 @@ connection is net/listen_server.py. This module is the glue between them and the
   again: a duplicate, never a loss);
 - when the connection is lost, every client that listened gets a NOTICE saying
   notifications may have been missed, a new connection is opened (at once if the lost one
-  had logged in, else after server_login_retry), LISTENs every channel again, and the
-  clients get a second NOTICE saying so.
+  had logged in, else after server_login_retry), LISTENs every channel again, and once it
+  holds them all the clients get a second NOTICE saying so.
 
 Costs nothing to a pool where nobody listens: one attribute test per ReadyForQuery of a
 client with a session record (transactions.py).
@@ -169,6 +169,8 @@ def _heard(pooler: Pooler, hub: Listening, found: list[tuple[bytes, bytes]]) -> 
     if hub.bridging:
         for client in list(hub.bridging):
             _end_bridge(pooler, hub, client)  # type: ignore[arg-type]
+    if hub.told and hub.connected and all(channel in hub.listened for channel in hub.wanted):
+        _back(hub)
 
 
 def _end_bridge(pooler: Pooler, hub: Listening, client: ClientConnection) -> None:
@@ -251,8 +253,13 @@ def _open(pooler: Pooler, pool: Pool, hub: Listening) -> None:
 
 
 def _up(pool: Pool, hub: Listening) -> None:
-    """Logged in: after a loss, the clients that were told are told it is back."""
+    """Logged in: a failure from now on is retried at once."""
     hub.retry_at = 0.0
+
+
+def _back(hub: Listening) -> None:
+    """After a loss, once every channel is listened to again: the clients that were told
+    are told it is back (from then on nothing is missed)."""
     told, hub.told = hub.told, []
     for client in told:
         if client in hub.wants:

@@ -186,7 +186,7 @@ def test_a_rolled_back_listen_hears_nothing_and_a_committed_one_at_commit(
         sender.execute("NOTIFY tx_chan, 'before commit'")
         a.execute("COMMIT")
         sender.execute("NOTIFY tx_chan, 'after commit'")
-        got = payloads(a, 2)
+        got = payloads(a, 2, timeout=1)
         assert got[-1] == "after commit"
         assert got[0] in ("before commit", "after commit")
 
@@ -207,6 +207,7 @@ def test_a_killed_listening_backend_gives_a_notice_and_delivery_resumes(
         notices: list[str] = []
         a.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
         a.execute("LISTEN killed_chan")
+        wait_for(lambda: held(p, 1))
         sender.execute("NOTIFY killed_chan, 'before'")
         assert payloads(a, 1) == ["before"]
         [killed] = listening_backends(postgres)
