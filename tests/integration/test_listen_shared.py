@@ -8,14 +8,17 @@ back LISTEN, a killed listening backend, no server pinned, and listen_mode = pin
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
+import urllib.request
 from typing import Any
 
 import asyncpg
 import psycopg
 import pytest
 
+from pypool.embedded import free_port
 from tests.integration.app_client import connect
 
 pytestmark = pytest.mark.timeout(90)
@@ -79,8 +82,16 @@ def payloads(conn: psycopg.Connection[Any], count: int, timeout: float = 5.0) ->
     return [n.payload for n in conn.notifies(timeout=timeout, stop_after=count)]
 
 
+def metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(v) for v in re.findall(rf'^pypool_{name}{{[^}}]*database="app"'
+                                            rf"[^}}]*}} (\S+)$", text, re.M))
+
+
 def test_two_psycopg_clients_on_one_channel_both_receive(postgres, pooler) -> None:
-    p = pooler(ini_overrides={"default_pool_size": "2"})
+    metrics = free_port()
+    p = pooler(ini_overrides={"default_pool_size": "2", "metrics_port": str(metrics)})
     with connect(p.dsn()) as a, connect(p.dsn()) as b, direct(postgres) as sender:
         a.execute("LISTEN shared_chan")
         b.execute("LISTEN shared_chan")
@@ -100,6 +111,11 @@ def test_two_psycopg_clients_on_one_channel_both_receive(postgres, pooler) -> No
         assert row["notifications_received"] == 4
         assert row["notifications_delivered"] == 8
         assert row["pid"] in listening_backends(postgres)
+        assert metric(metrics, "listen_channels") == 1
+        assert metric(metrics, "listen_clients") == 2
+        assert metric(metrics, "listen_connected") == 1
+        assert metric(metrics, "notifications_received_total") == 4
+        assert metric(metrics, "notifications_delivered_total") == 8
 
 
 def test_no_server_is_pinned(postgres, pooler) -> None:
