@@ -143,7 +143,9 @@ class ListenServer(asyncio.Protocol):
             self.transport.write(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._end("server closed the connection" if exc is None else f"connection lost: {exc}")
+        said = self.listening.error  # a FATAL first (pg_terminate_backend, a shutdown)
+        self._end(said or ("server closed the connection" if exc is None
+                           else f"connection lost: {exc}"))
 
     def close(self, reason: str) -> None:
         """Close it (nobody listens any more, or the pool goes)."""

@@ -189,11 +189,13 @@ def _end_bridge(pooler: Pooler, hub: Listening, client: ClientConnection) -> Non
         return
     session.bridged = frozenset()
     hub.bridging.pop(client, None)
-    actions = client.on_link(LinkEvent.READY_RELEASE)
+    # The link's own release (core/link.py), as at the ReadyForQuery it kept the server at.
+    last = client.link.last  # SIGINT's shutdown marked it: it ends with this release
+    actions = client.on_link(LinkEvent.READY_RELEASE_LAST if last else LinkEvent.READY_RELEASE)
     if actions & link.RELEASE:
         assert client.pool is not None
         client.pool.stats.xact_count -= 1  # release() counts one; no transaction ended here
-        linking.release(pooler, client)
+        linking.release(pooler, client, then_close=bool(actions & link.CLOSE_CLIENT))
 
 
 # --- the listening connection ------------------------------------------------------------
@@ -205,8 +207,7 @@ def _keep(pooler: Pooler, pool: Pool, hub: Listening) -> None:
     connection: ListenServer | None = hub.connection  # type: ignore[assignment]
     if not hub.wanted:
         if connection is not None:
-            hub.connection = None
-            connection.close("nobody listens")
+            connection.close("nobody listens")  # _lost forgets it
         return
     if connection is not None:
         connection.ask()
@@ -269,10 +270,11 @@ def _back(hub: Listening) -> None:
 def _lost(pooler: Pooler, pool: Pool, hub: Listening, connection: ListenServer,
           reason: str) -> None:
     """The listening connection is gone (or never came up)."""
+    if hub.connection is not connection:
+        return  # an older one's late word
+    hub.connection = None
     was_up = hub.connected
     clients = hub.lost()
-    if hub.connection is connection:
-        hub.connection = None
     if not hub.wanted:
         return  # closed because nobody listens
     log.warning("%s/%s: listening connection lost: %s", pool.database, pool.user, reason)

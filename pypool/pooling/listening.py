@@ -71,6 +71,7 @@ class Listening:
         self.received = 0  # NotificationResponses the connection received
         self.losses = 0  # times the connection was lost while clients listened
         self.failed = 0  # LISTEN / UNLISTEN the server refused
+        self.error = ""  # the last ErrorResponse not answering a request (a FATAL, mostly)
         self._partial = b""
         # The network layer's: its connection (net/listen_server.py), when to open the next
         # one after a failure, and the clients told of a loss (told again once it is back).
@@ -141,6 +142,7 @@ class Listening:
         self.listened.clear()
         self.asked.clear()
         self._partial = b""
+        self.error = ""
         if self.wants:
             self.losses += 1
         return list(self.wants)
@@ -168,7 +170,9 @@ class Listening:
                 self._answered()
             elif kind == m.ERROR_RESPONSE:
                 fields = m.parse_error_fields(data[pos + 5 : end])
-                if self.asked:
+                if fields.get("S") in ("FATAL", "PANIC") or not self.asked:
+                    self.error = f"{fields.get('S', 'ERROR')} {fields.get('M', '')}"
+                elif self.asked:
                     self.failed += 1
                     listen, channel = self.asked[0]
                     self.asked[0] = (listen, b"")  # not held, whatever it was
