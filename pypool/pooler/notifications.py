@@ -18,8 +18,9 @@ connection is net/listen_server.py. This module is the glue between them and the
 - the bridge: a LISTEN commits on the client's own server, which listens from then on; the
   listening connection's LISTEN, sent when the client's went by, may not have committed
   yet (always so for a pool's first LISTEN, whose connection is still logging in). Then
-  the client keeps that server (`bridged`, no NOTICE) and hears those channels from it, as
-  with listen_mode = pin, until the listening connection has them: the server goes back at
+  the client keeps that server (`bridged`: a `listen` pin, without the NOTICE) and hears
+  those channels from it, as with listen_mode = pin, until the listening connection has
+  them: the server goes back at
   once if the client is idle, else at its next ReadyForQuery, and gets UNLISTEN * before
   its next client. Nothing committed after the client's LISTEN is missed but what commits
   in the instant between that server's last ReadyForQuery and the pooler reading it. (Not
@@ -46,6 +47,7 @@ from ..core.link import LinkEvent, LinkState
 from ..core.server_login import LoggedIn
 from ..core.states import ClientState
 from ..net.listen_server import ListenServer
+from ..pooling import session_state as ss
 from ..pooling.listening import Listening
 from ..protocol import messages as m
 from . import linking, server_logins
@@ -87,10 +89,10 @@ def changed(pooler: Pooler, client: ClientConnection, session: ClientSession) ->
     _keep(pooler, pool, hub)
 
 
-def ready(pooler: Pooler, client: ClientConnection, session: ClientSession) -> bool:
+def ready(pooler: Pooler, client: ClientConnection, session: ClientSession) -> None:
     """After a ReadyForQuery that leaves `client` owed nothing: its LISTENs and UNLISTENs
-    may have committed; write what was held for it (a message boundary). Returns whether
-    it keeps its server as a bridge (see the module docstring)."""
+    may have committed; its server may be kept as a bridge (a `listen` pin, see the module
+    docstring); write what was held for it (a message boundary)."""
     changed(pooler, client, session)
     committed = frozenset(session.listening)
     new = committed - session.heard
@@ -104,9 +106,14 @@ def ready(pooler: Pooler, client: ClientConnection, session: ClientSession) -> b
         elif session.bridged and not bridged:
             hub.bridging.pop(client, None)
         session.bridged = bridged
+        # The bridge is a pin while it lasts (SHOW CLIENTS says `listen`; no pipeline line
+        # forms behind it, net/pipeline.py), though no NOTICE says so (transactions.py).
+        if bridged:
+            session.pins[ss.LISTEN] = 1
+        else:
+            session.pins.pop(ss.LISTEN, None)
     if session.held:
         _flush(client, session)
-    return bool(session.bridged)
 
 
 def gone(pooler: Pooler, client: ClientConnection) -> None:
@@ -183,11 +190,13 @@ def _end_bridge(pooler: Pooler, hub: Listening, client: ClientConnection) -> Non
     if any(channel not in hub.listened for channel in session.bridged):
         return
     server = client.server
-    if (server is None or server.client is not client or server.chain or session.pins
+    if (server is None or server.client is not client or server.chain
+            or any(kind != ss.LISTEN for kind in session.pins)  # pinned for more
             or client.tx_status != m.TX_IDLE or _receiving(client)
             or client.link.state is not LinkState.ACTIVE):
         return
     session.bridged = frozenset()
+    session.pins.pop(ss.LISTEN, None)
     hub.bridging.pop(client, None)
     # The link's own release (core/link.py), as at the ReadyForQuery it kept the server at.
     last = client.link.last  # SIGINT's shutdown marked it: it ends with this release

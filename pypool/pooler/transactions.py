@@ -61,7 +61,8 @@ def ready_for_query(pooler: Pooler, client: ClientConnection, status: int) -> No
         pinned = bool(session.pins)
     if session is not None and session.shared_listen:
         # LISTEN shared: committed? held notifications? its server kept as a bridge?
-        pinned = notifications.ready(pooler, client, session) or pinned
+        notifications.ready(pooler, client, session)
+        pinned = bool(session.pins)
     queued = len(server.statements.queue) if server is not None else 0
     event = link.ready_event(ledger, status, pool.limits.pool_mode, client.link,
                              server is not None and bool(server.chain), queued, pinned)
@@ -119,8 +120,9 @@ def session_changed(pooler: Pooler, client: ClientConnection) -> None:
 
 def _pinned(client: ClientConnection, session: ss.ClientSession) -> None:
     """The client keeps its server after its transaction: say so the first time (not for
-    a LISTEN's bridge alone: pooler/notifications.py)."""
-    if session.noticed or not session.pins:
+    a shared LISTEN's bridge alone: pooler/notifications.py)."""
+    if session.noticed or (session.shared_listen
+                           and all(kind == ss.LISTEN for kind in session.pins)):
         return
     session.noticed = True
     why = session.pinned()

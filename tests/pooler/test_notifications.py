@@ -46,10 +46,12 @@ def test_listen_bridges_then_frees_its_server_and_delivers_at_message_boundaries
     server.send(command("LISTEN"))
     assert kinds(client.take()) == "CZ", "no NOTICE: the bridge pins nothing for long"
     assert server.state is ServerState.ACTIVE, "kept: it hears the channel meanwhile"
+    assert client.conn.session.pinned() == "listen", "SHOW CLIENTS says so"
     (listener,) = listeners(net)
     assert query_texts(log_in(listener)) == ['LISTEN "news"']
     listener.protocol.data_received(command("LISTEN"))
     assert server.state is ServerState.IDLE, "the listening connection has it: freed"
+    assert client.conn.session.pinned() == ""
     listener.protocol.data_received(notification(b"news", b"idle"))
     assert kinds(client.take()) == "A"
     assert net.pool().stats.notifications_delivered == 1
