@@ -14,6 +14,8 @@ from .pooling import policies
 POOL_MODES = ("session", "transaction", "statement")
 # What transaction mode does with session state (docs/session-state.md).
 SESSION_STATE_POLICIES = ("follow", "reject", "ignore")
+# [pgbouncer] listen_mode: how a LISTEN in transaction mode is heard (pooling/listening.py).
+LISTEN_MODES = ("shared", "pin")
 AUTH_TYPES = ("scram-sha-256", "md5", "plain", "trust", "any", "peer", "cert", "hba")
 # PgBouncer's auth types that pypool refuses: pam needs a PAM stack.
 UNSUPPORTED_AUTH_TYPES = ("pam",)
@@ -83,6 +85,8 @@ def check_value(key: str, value: object) -> None:
         raise ValueError(f"must be one of {', '.join(POOL_MODES)}, not {value!r}")
     elif key == "session_state" and value not in SESSION_STATE_POLICIES:
         raise ValueError(f"must be one of {', '.join(SESSION_STATE_POLICIES)}, not {value!r}")
+    elif key == "listen_mode" and value not in LISTEN_MODES:
+        raise ValueError(f"must be one of {', '.join(LISTEN_MODES)}, not {value!r}")
     elif key == "queue_policy":
         policies.queue_factory(str(value))
     elif key == "server_policy":

@@ -129,6 +129,8 @@ POOL_COUNTERS: Final = (
      "Statements that change session state refused (session_state = reject)"),
     ("session_synced_links", "session_synced", 1,
      "Links that first made or undid settings following their clients"),
+    ("notifications_delivered", "notifications_delivered", 1,
+     "NotificationResponses written to clients from the pool's listening connection"),
 )
 
 
@@ -272,12 +274,39 @@ class PoolerCollector(Collector):
         yield wait
         yield xact
 
+        yield from self._listeners()
+
         handshakes = CounterMetricFamily(
             "pypool_tls_handshakes", "TLS handshakes with clients and servers, by outcome",
             labels=["side", "outcome"])
         for (side, outcome), count in sorted(self.view.tls_handshakes().items()):
             handshakes.add_metric([side, outcome], count)
         yield handshakes
+
+
+    def _listeners(self) -> Iterator[Metric]:
+        """SHOW LISTENERS as metrics (listen_mode = shared; pooling/listening.py)."""
+        channels = GaugeMetricFamily("pypool_listen_channels", "Channels the pool's listening "
+                                     "connection LISTENs on", labels=POOL_LABELS)
+        clients = GaugeMetricFamily("pypool_listen_clients", "Clients that listen on a channel",
+                                    labels=POOL_LABELS)
+        up = GaugeMetricFamily("pypool_listen_connected", "1 while the pool's listening "
+                               "connection is up", labels=POOL_LABELS)
+        received = CounterMetricFamily("pypool_notifications_received", "NotificationResponses "
+                                       "the pool's listening connection received",
+                                       labels=POOL_LABELS)
+        losses = CounterMetricFamily("pypool_listen_connection_losses", "Times the pool's "
+                                     "listening connection was lost while clients listened",
+                                     labels=POOL_LABELS)
+        for (database, user, state, _pid, listened, _wanted, listeners, heard, _delivered,
+             lost) in self.view.listeners():
+            labels = [database, user]
+            channels.add_metric(labels, listened)
+            clients.add_metric(labels, listeners)
+            up.add_metric(labels, int(state == "listening"))
+            received.add_metric(labels, heard)
+            losses.add_metric(labels, lost)
+        yield from (channels, clients, up, received, losses)
 
 
 def registry_for(view: PoolerView) -> CollectorRegistry:

@@ -84,6 +84,9 @@ class PoolerSettings:
     max_client_prepared_statements: int = 10000
     pipeline_depth: int = 0
     session_state: str = "follow"
+    # A client's LISTEN in transaction mode: "shared" (the pool's listening connection hears
+    # it, no server is pinned; pooling/listening.py) or "pin" (its server stays, as before).
+    listen_mode: str = "shared"
     query_wait_timeout: float = 120.0
     query_wait_notify: float = 5.0
     query_timeout: float = 0.0

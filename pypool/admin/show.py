@@ -415,6 +415,13 @@ def show_peer_pools(view: PoolerView) -> ResultSet:
                            "sv_active_cancel sv_login", view.peer_pools())
 
 
+def show_listeners(view: PoolerView) -> ResultSet:
+    """pypool's own: each pool's listening connection (listen_mode = shared)."""
+    return result("sssiiiiiii", "database user state pid channels channels_wanted listeners "
+                                "notifications_received notifications_delivered lost",
+                  view.listeners())
+
+
 def show_empty(types: str, columns: str) -> Callable[[PoolerView], ResultSet]:
     """A SHOW for a PgBouncer feature pypool does not have: the right columns, no rows."""
     return lambda view: result(types, columns, [])
@@ -440,6 +447,7 @@ SHOWS: dict[str, Callable[[PoolerView], ResultSet]] = {
     "fds": show_fds,
     "peers": show_peers,
     "peer_pools": show_peer_pools,
+    "listeners": show_listeners,
     "dns_hosts": show_empty("sqs", "hostname ttl addrs"),
     "dns_zones": show_empty("sqi", "zonename serial count"),
 }

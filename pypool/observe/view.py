@@ -42,7 +42,8 @@ _CLOSED = "CLOSED"
 
 # PoolStats counters beyond PgBouncer's eleven (stats.COUNTERS), for pypool's own metrics.
 EXTRA_COUNTERS = ("pipelined_count", "prepared_hits", "prepared_misses", "prepared_evictions",
-                  "session_pinned", "session_refused", "session_synced")
+                  "session_pinned", "session_refused", "session_synced",
+                  "notifications_delivered")
 
 
 # --- what the view reads: the pooler's shape, not its class -------------------------------
@@ -392,6 +393,22 @@ class PoolerView:
         pools = getattr(self._pooler, "peer_pools", {})  # a test's stand-in may have none
         return [(peer_id, pool.active, len(pool.waiting), pool.active, pool.login)
                 for peer_id, pool in sorted(pools.items())]
+
+    def listeners(self) -> list[tuple[str, str, str, int, int, int, int, int, int, int]]:
+        """SHOW LISTENERS' rows (listen_mode = shared; pooling/listening.py): for each pool
+        whose clients ever LISTENed, its listening connection's state and backend pid, the
+        channels it listens on, the channels wanted, the clients that want one, the
+        notifications it received and wrote to clients, and the times it was lost."""
+        rows = []
+        for pool in sorted(self._pooler.pools.values(), key=lambda p: (p.database, p.user)):
+            hub = getattr(pool, "listening", None)  # a test's stand-in may have none
+            if hub is None:
+                continue
+            rows.append((pool.database, pool.user, hub.state,
+                         hub.backend_pid if hub.connected else 0, len(hub.listened),
+                         len(hub.wanted), len(hub.wants), hub.received,
+                         pool.stats.notifications_delivered, hub.losses))
+        return rows
 
     # --- pools, clients, servers --------------------------------------------------------
 

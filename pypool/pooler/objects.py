@@ -156,7 +156,7 @@ class Pooler(PoolerRecord):
 
     def session_changed(self, client: ClientConnection) -> None:
         """The client sent statements that change session state (transactions.py)."""
-        transactions.session_changed(client)
+        transactions.session_changed(self, client)
 
     def release(self, client: ClientConnection, now: float = 0.0) -> None:
         """The client's transaction ended and nothing is owed: its server goes back

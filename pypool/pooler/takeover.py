@@ -299,7 +299,7 @@ def _stop_listening(pooler: Pooler) -> None:
 def _passable(client: ClientConnection) -> bool:
     """Whether the client can go to the new process now: logged in, idle, holding no
     server, with nothing read that is not handled yet and nothing written still buffered
-    here, and no session state busy."""
+    here, no session state busy and no channel listened on."""
     return (
         client.state is ClientState.IDLE
         and client.server is None
@@ -316,6 +316,9 @@ def _passable(client: ClientConnection) -> bool:
         and client.transport is not None
         and client.transport.get_write_buffer_size() == 0
         and (client.session is None or not client.session.busy())
+        # Its channels live in this process's listening connection (listen_mode = shared),
+        # as a pinned listener's in its server: it stays, as that one does.
+        and (client.session is None or not client.session.listening)
         and (client.statements is None or client.statements.guard is None)
     )
 

@@ -29,7 +29,7 @@ from ..pooling import session_state as ss
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
-from . import lifecycle, linking, replication
+from . import lifecycle, linking, notifications, replication
 
 if TYPE_CHECKING:
     from ..net.client import ClientConnection
@@ -98,6 +98,8 @@ def client_closed(pooler: Pooler, client: ClientConnection, reason: str) -> None
     if pool is not None:
         pool.clients.discard(client)
         pool.unqueue(client)
+        if pool.listening is not None:
+            notifications.gone(pooler, client)  # its channels, if no one else's, go
         if client in pool.awaiting_params:
             pool.awaiting_params.remove(client)
     if pooler.replication.in_use():

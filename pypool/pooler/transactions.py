@@ -9,10 +9,11 @@ session state, or a server to close), and this module carries out the actions th
 table gives for it.
 
 Session state (pooling/session_state.py) is judged here first: a client that left
-something on its server that cannot follow it (a LISTEN, an advisory lock, a temp table)
-is pinned to that server, as in session mode, until that state is gone; it is told once
-with a NOTICE. The statements that change session state are seen on the way in
-(`session_changed`, from the client's relay).
+something on its server that cannot follow it (an advisory lock, a temp table, a LISTEN
+with listen_mode = pin) is pinned to that server, as in session mode, until that state is
+gone; it is told once with a NOTICE. The statements that change session state are seen on
+the way in (`session_changed`, from the client's relay). A LISTEN with listen_mode = shared
+pins nothing: pooler/notifications.py hears its channels for it.
 
 It owns no state: the ledger, the link, the session record and the pool's counters hold
 it. Never release a server with replies owed, never hand on one whose ledger is in doubt.
@@ -28,7 +29,7 @@ from ..core.link import LinkEvent
 from ..pooling import session_state as ss
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
-from . import linking
+from . import linking, notifications
 
 if TYPE_CHECKING:
     from ..net.client import ClientConnection
@@ -57,6 +58,10 @@ def ready_for_query(pooler: Pooler, client: ClientConnection, status: int) -> No
     if session is not None and server is not None and (
             session.pending or session.pins or ledger.errors != session.errors_seen):
         session.ready(status, ledger.errors, server.session_sets)
+        pinned = bool(session.pins)
+    if session is not None and session.shared_listen:
+        # LISTEN shared: committed? held notifications? its server kept as a bridge?
+        notifications.ready(pooler, client, session)
         pinned = bool(session.pins)
     queued = len(server.statements.requests.queue) if server is not None else 0
     event = link.ready_event(ledger, status, pool.limits.pool_mode, client.link,
@@ -90,7 +95,7 @@ def _close_reason(client: ClientConnection, event: int, queued: int) -> str:
     return "reply bookkeeping in doubt: ledger and queue disagree"
 
 
-def session_changed(client: ClientConnection) -> None:
+def session_changed(pooler: Pooler, client: ClientConnection) -> None:
     """The client's request reader saw statements that change session state: refused
     ones are counted and logged; the others are told to the client's record."""
     reader = client.reader
@@ -104,13 +109,20 @@ def session_changed(client: ClientConnection) -> None:
         session = client.session_record()
         if session is not None:
             server = client.server
+            if not session.shared_listen and notifications.shared(pooler) and any(
+                    command.kind == ss.LISTEN for command in reader.changes):
+                session.shared_listen = True  # from now on, its LISTENs pin nothing
             session.sent(reader.changes, server.session_sets if server else None)
+            if session.shared_listen:
+                notifications.changed(pooler, client, session)
         reader.changes.clear()
 
 
 def _pinned(client: ClientConnection, session: ss.ClientSession) -> None:
-    """The client keeps its server after its transaction: say so the first time."""
-    if session.noticed:
+    """The client keeps its server after its transaction: say so the first time (not for
+    a shared LISTEN's bridge alone: pooler/notifications.py)."""
+    if session.noticed or (session.shared_listen
+                           and all(kind == ss.LISTEN for kind in session.pins)):
         return
     session.noticed = True
     why = session.pinned()

@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from .listening import Listening
 from .stats import WAIT_BUCKETS, XACT_BUCKETS, Histogram
 
 
@@ -63,6 +64,8 @@ class PoolStats:
     session_pinned: int = 0
     session_refused: int = 0
     session_synced: int = 0
+    # NotificationResponses written to clients from the pool's listening connection.
+    notifications_delivered: int = 0
     # Prepared statements (incremented by the prepared-statement layer): a client's statement
     # already on the server it landed on (hit), one that had to be parsed there first (miss),
     # and one closed to make room under max_prepared_statements (eviction).
@@ -112,6 +115,9 @@ class Pool:
         # Servers to close instead of reusing (RECONNECT, a changed [databases] entry).
         self.close_needed: set[Any] = set()
         self.stats = PoolStats()
+        # Its clients' LISTENs and its listening connection (listen_mode = shared;
+        # pooling/listening.py); None until a client first LISTENs.
+        self.listening: Listening | None = None
         self.unused_since = 0.0  # when it last had no client and no server (pool_idle_timeout)
 
     def unused(self) -> bool:

@@ -188,7 +188,9 @@ def test_ignore_leaks_as_pgbouncer_does(pooler) -> None:
 
 def test_listen_pins_and_notifications_reach_the_listener_only(postgres, pooler) -> None:
     metrics = free_port()
-    p = pooler(ini_overrides={"default_pool_size": "2", "metrics_port": str(metrics)})
+    # listen_mode = pin: the default, shared, pins nothing (tests/integration/test_listen_shared)
+    p = pooler(ini_overrides={"default_pool_size": "2", "metrics_port": str(metrics),
+                              "listen_mode": "pin"})
     with connect(p.dsn()) as a, connect(p.dsn()) as b:
         notices: list[str] = []
         a.add_notice_handler(lambda d: notices.append(d.message_primary or ""))

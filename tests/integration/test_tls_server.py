@@ -12,6 +12,7 @@ import os
 import pwd
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -186,3 +187,24 @@ def test_changing_server_tls_forgets_the_cached_login_failure(
         admin.execute("SET server_tls_sslmode = prefer")
     with connect(p) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_the_listening_connection_uses_tls_too(pooler: Callable[..., Pooler],
+                                               tls_postgres: EmbeddedPostgres) -> None:
+    """listen_mode = shared (docs/operating.md): the pool's listening connection logs in
+    as its servers do, TLS first."""
+    p = start(pooler, tls_postgres, "require")
+    with connect(p) as conn, psycopg.connect(
+            tls_postgres.dsn("app", APP_USER, APP_PASSWORD), autocommit=True) as sender:
+        conn.execute("LISTEN tls_chan")
+        ssl_of_listener: list[Any] = []
+        for _ in range(100):
+            ssl_of_listener = tls_postgres.execute(
+                "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)"
+                " WHERE a.application_name = 'pypool listener'") or []
+            if ssl_of_listener:
+                break
+            time.sleep(0.05)
+        assert [tuple(row) for row in ssl_of_listener] == [(True,)]
+        sender.execute("NOTIFY tls_chan, 'sealed'")
+        assert [n.payload for n in conn.notifies(timeout=5, stop_after=1)] == ["sealed"]

@@ -119,7 +119,7 @@ def test_statement_mode_refuses_a_transaction_block(fake_pooler: Any) -> None:
 
 
 def test_a_listen_pins_the_client_to_its_server_with_a_notice(fake_pooler: Any) -> None:
-    net = fake_pooler()
+    net = fake_pooler(listen_mode="pin")  # shared, the default, pins nothing
     client, server = net.client_with_server()
     client.send(m.query("LISTEN news"))
     server.send(command("LISTEN"))

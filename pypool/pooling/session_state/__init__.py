@@ -14,9 +14,12 @@ What the pooler does with them is one of two things:
 - follow: a setting is recorded per client (`ClientSession.sets`, name -> the statement that
   makes it) when the transaction it ran in ends well, replayed on the next server whose state
   differs, and undone there before anyone else runs (`sync_statements`);
-- pin: state the pooler cannot move between servers (a LISTEN, an advisory lock, a temporary
-  table, a holdable cursor, a LOADed library, a SET it cannot replay exactly) keeps the client
-  on its server until it is gone (`ClientSession.pins`).
+- pin: state the pooler cannot move between servers (an advisory lock, a temporary table, a
+  holdable cursor, a LOADed library, a SET it cannot replay exactly, and a LISTEN with
+  listen_mode = pin) keeps the client on its server until it is gone (`ClientSession.pins`).
+  With listen_mode = shared (the default) a LISTEN pins nothing: the pool's listening
+  connection hears its channels (pooling/listening.py); the server it ran on is marked
+  (`LISTENED`) and gets an UNLISTEN * before its next client.
 
 Never touches a socket. What a statement does that its first keyword does not show (a SET in
 a function, the second statement of a multi-statement Query) is not seen: a documented limit.
@@ -54,6 +57,7 @@ from .commands import (
     Command,
 )
 from .record import (
+    LISTENED,
     SESSION_SETTINGS,
     ClientSession,
 )
@@ -86,7 +90,8 @@ from .tokenizer import (
 
 __all__ = [
     "CALLS", "CLOSE_ALL", "CREATES", "DISCARD_ALL", "DISCARD_TEMP", "HOLD_CURSOR", "LISTEN",
-    "LOAD", "LOCK", "NO", "PIN_REASONS", "READ", "RESET", "RESET_ALL", "ROLE", "ROLLBACK",
+    "LISTENED", "LOAD", "LOCK", "NO", "PIN_REASONS", "READ", "RESET", "RESET_ALL", "ROLE",
+    "ROLLBACK",
     "ROLLBACK_TO", "SESSION_AUTHORIZATION", "SESSION_SETTINGS", "SET", "TEMP_TABLE",
     "UNLISTEN", "UNLISTEN_ALL", "UNLOCK", "UNLOCK_ALL", "UNTRACKABLE", "ClientSession",
     "Command", "candidate", "classify", "label", "look", "quote_ident", "refusal",

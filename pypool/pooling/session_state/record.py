@@ -35,6 +35,9 @@ from .commands import (
 
 # A marker among the names of a hidden SET (core/backend.py): the SET also syncs these.
 SESSION_SETTINGS: Final = "pypool.session_state"
+# A marker among a server's settings (listen_mode = shared): a client's LISTEN ran there, so
+# the server may be listening; it is undone (UNLISTEN *, replay.py) before its next client.
+LISTENED: Final = b"pypool.listen"
 
 
 class ClientSession:
@@ -44,7 +47,11 @@ class ClientSession:
     effect at the ReadyForQuery that ends their transaction (`ready`), as PostgreSQL makes
     them: a failed or rolled-back transaction's settings are dropped. A pin is taken as its
     statement is sent and never given back on a guess (a LISTEN in a transaction that failed
-    keeps its client pinned until UNLISTEN, DISCARD ALL or the end): when unsure, pin."""
+    keeps its client pinned until UNLISTEN, DISCARD ALL or the end): when unsure, pin.
+
+    With listen_mode = shared (`shared_listen`) a LISTEN pins nothing: the pool's listening
+    connection hears the channel for it (pooling/listening.py), and the notifications it
+    cannot be given yet (mid-reply, or its LISTEN not committed) wait in `held`."""
 
     def __init__(self, tracked: frozenset[bytes] = frozenset()) -> None:
         # Settings that follow their client already, as reported parameters (lower case;
@@ -59,6 +66,14 @@ class ClientSession:
         self.doomed = False  # an error in the open transaction: it will roll back
         self.errors_seen = 0  # the FrontendLedger's error count at the last ready()
         self.noticed = False  # the first-pin NOTICE went out
+        self.shared_listen = False  # listen_mode = shared: a LISTEN does not pin
+        # (channel, NotificationResponse) not yet written: the client was mid-reply
+        # (pooler/notifications.py flushes them at its next ReadyForQuery).
+        self.held: list[tuple[bytes, bytes]] = []
+        # The channels it listened on as of its last ReadyForQuery, and those its own server
+        # hears for it until the listening connection does (pooler/notifications.py).
+        self.heard: frozenset[bytes] = frozenset()
+        self.bridged: frozenset[bytes] = frozenset()
 
     def pinned(self) -> str:
         """Why the client keeps its server ("" when it need not)."""
@@ -80,7 +95,10 @@ class ClientSession:
             kind = command.kind
             if (kind == SET or kind == RESET) and command.name in self.tracked:
                 continue
-            if kind in PIN_REASONS:
+            if kind == LISTEN and self.shared_listen:
+                if server is not None:
+                    server[LISTENED] = None  # UNLISTEN * there before its next client
+            elif kind in PIN_REASONS:
                 self.pins[kind] = self.pins.get(kind, 0) + 1
             elif kind == ROLLBACK_TO:
                 # The settings sent since the savepoint may be undone: unsure which, drop
@@ -123,7 +141,8 @@ class ClientSession:
             elif kind == RESET_ALL:
                 for table in (sets, server):
                     if table is not None:
-                        for key in [k for k in table if k not in (ROLE, SESSION_AUTHORIZATION)]:
+                        for key in [k for k in table
+                                    if k not in (ROLE, SESSION_AUTHORIZATION, LISTENED)]:
                             del table[key]
             elif kind == DISCARD_ALL:
                 sets.clear()
@@ -164,4 +183,11 @@ class ClientSession:
         for command in self.pending:
             if command.kind == SET or command.kind == RESET or command.kind == UNTRACKABLE:
                 held[command.name] = None
+            elif command.kind == LISTEN and self.shared_listen:
+                held[LISTENED] = None
         return held
+
+    def channels(self) -> tuple[frozenset[bytes], frozenset[bytes]]:
+        """The channels it listens on (committed) and those whose LISTEN is not yet."""
+        pending = frozenset(c.name for c in self.pending if c.kind == LISTEN)
+        return frozenset(self.listening), pending

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from .commands import ROLE, SESSION_AUTHORIZATION
+from .record import LISTENED
 
 
 def quote_ident(name: bytes) -> bytes:
@@ -21,6 +22,8 @@ def quote_ident(name: bytes) -> bytes:
 
 def undo(name: bytes) -> bytes:
     """The statement that gives setting `name` back its session default."""
+    if name == LISTENED:
+        return b"UNLISTEN *"  # a shared LISTEN ran there (record.py)
     if name == ROLE:
         return b"RESET ROLE"
     if name == SESSION_AUTHORIZATION:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from ..listening import channel_name
 from ..params import quote_literal
 from .commands import (
     CLOSE_ALL,
@@ -177,9 +178,11 @@ def classify(text: bytes, start: int = 0) -> list[Command]:
             return [Command(DISCARD_TEMP)]
         return []
     if verb == b"listen" and len(words) > 1:
-        return [Command(LISTEN, words[1])]
+        return [Command(LISTEN, channel_name(words[1]))]
     if verb == b"unlisten" and len(words) > 1:
-        return [Command(UNLISTEN_ALL)] if words[1] == b"*" else [Command(UNLISTEN, words[1])]
+        if words[1] == b"*":
+            return [Command(UNLISTEN_ALL)]
+        return [Command(UNLISTEN, channel_name(words[1]))]
     if verb == b"load":
         return [Command(LOAD)]
     if verb == b"rollback" or verb == b"abort":
