@@ -226,7 +226,7 @@ class ClientRecord(ReadingSwitch):
     """One client's identity, link, clocks and per-transaction bookkeeping."""
 
     # Its login, to its ReadyForQuery (net/client_login.py); None after the welcome. Set by
-    # ClientConnection, read by the TLS handshake.
+    # ClientConnection; the TLS handshake and pooler/ (auth, takeover) call its steps.
     login: ClientLoginSteps | None
 
     def __init__(self, pooler: PoolerPort) -> None:
