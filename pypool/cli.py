@@ -35,8 +35,7 @@ from .settings import (
 
 if TYPE_CHECKING:
     from .embedded import EmbeddedPostgres
-    from .net.client import ClientConnection
-    from .net.hooks import TransactionLog, WireTrace
+    from .net.records import ClientRecord, TransactionLog, WireTrace
     from .net.unix_socket import UnixSocket
     from .observe.view import PoolerView
     from .pooler import Pooler
@@ -129,7 +128,7 @@ def build_pooler(settings: Settings) -> Pooler:
             views.append(PoolerView(pooler))
         return views[0]
 
-    def open_console(client: ClientConnection) -> None:
+    def open_console(client: ClientRecord) -> None:
         from .admin import console
 
         console.open_console(view(), pooler, client)

@@ -110,7 +110,7 @@ def test_the_cycle_scan_sees_its_files() -> None:
     assert len(list((PACKAGE / "pooler").rglob("*.py"))) >= 5
     assert (PACKAGE / "observe" / "view.py").exists()
     # The scan resolves relative imports: it would catch the imports this change removed.
-    probe = PACKAGE / "pooler" / "objects.py"
+    probe = PACKAGE / "pooler" / "lifecycle.py"
     assert "pypool.net.client" in _modules_imported(probe)
 
 
@@ -195,18 +195,6 @@ def _layer(module: str) -> str:
 
 
 LAYERS = sorted({_layer(_module_name(p)) for p in PACKAGE.rglob("*.py")} - {"pypool"})
-# Cycles still to remove, each in one layer; the test of its layer is expected to fail
-# until then (strict: it fails once the cycle is gone, to have the mark taken off).
-STILL_CYCLIC = {
-    # ClientConnection and ServerConnection, their records and the helpers beside them
-    # (outbox, pipeline, hidden_queries, deferred_writes, tls, the logins, hooks, port)
-    # name each other's types: the link's rewrite (issue 23, item 1) is to untie them.
-    # Not by annotations alone: pooler/ takes ClientConnection and ServerConnection, so the
-    # port net/ calls it through must name them while they hold that port. What pooler/
-    # takes must be declared below the two classes (as pooler/record.py does for the
-    # Pooler: the fields and the calls others make), or be a Protocol it accepts.
-    "pypool.net": "client and server and their helpers type each other",
-}
 
 
 def test_the_cycle_scan_finds_a_cycle() -> None:
@@ -215,11 +203,7 @@ def test_the_cycle_scan_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-@pytest.mark.parametrize("layer", [
-    pytest.param(layer, marks=pytest.mark.xfail(strict=True, reason=STILL_CYCLIC[layer]))
-    if layer in STILL_CYCLIC else layer
-    for layer in LAYERS
-])
+@pytest.mark.parametrize("layer", LAYERS)
 def test_no_import_cycle_inside(layer: str) -> None:
     """No module of a layer imports, even for type checking or inside a function, one that
     imports it back, directly or through others."""

@@ -14,7 +14,7 @@ pooler/transactions.py: the server goes back to the pool only on ReadyForQuery '
 ledger owed nothing.
 
 It owns the socket, the client's state and its flow control; its fields are said in
-net/client_record.py, and what a transaction means for the server is decided elsewhere.
+net/records.py, and what a transaction means for the server is decided elsewhere.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from ..protocol.errors import PoolerError
 from ..protocol.framing import FramingError
 from . import outbox, pipeline
 from .client_login import ClientLogin
-from .client_record import ClientRecord
+from .records import ClientRecord
 from .tls_records import RECORD_MAX, write_in_records
 
 if TYPE_CHECKING:
-    from .port import PoolerPort
+    from .records import PoolerPort
 
 log = logging.getLogger("pypool.client")
 
@@ -44,11 +44,11 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
     """A client of the pooler, from its first byte to its Terminate."""
 
     def __init__(self, pooler: PoolerPort) -> None:
-        ClientRecord.__init__(self, pooler)  # its fields, said once (net/client_record.py)
+        ClientRecord.__init__(self, pooler)  # its fields, said once (net/records.py)
         self.transport: asyncio.Transport | None = None
         # Its login, to its ReadyForQuery (net/client_login.py); None after the welcome,
         # which is the last the login does: an idle client holds none of it.
-        self.login: ClientLogin | None = ClientLogin(self)
+        self.login = ClientLogin(self)
         self._reading_paused = False
 
     def on(self, event: int, now: float = 0.0) -> None:

@@ -4,8 +4,8 @@ The exchanges themselves are sans-IO generators (core/client_login.py: the start
 then the cleartext, md5, SCRAM-SHA-256 or SCRAM-SHA-256-PLUS password exchange). This is the
 glue that feeds them the client's bytes (after a load balancer's PROXY protocol header, when
 proxy_protocol_sources names the peer: its client's address becomes the client's), starts
-TLS when the startup exchange asks for it (net/tls.py), asks the pooler for the user's
-secret (`begin_authentication`, which may run auth_query first), and sends the welcome once
+TLS when the startup exchange asks for it (net/tls_handshake.py), asks the pooler for the
+user's secret (`begin_authentication`, which may run auth_query first), and sends the welcome once
 the pool is ready: AuthenticationOk, ParameterStatus, BackendKeyData, ReadyForQuery. What
 the client sends meanwhile is held, bounded, and relayed after the welcome. It owns the
 login's state and nothing after it.
@@ -32,11 +32,12 @@ from ..protocol import errors, replication
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from ..protocol.startup import MAX_AUTH_MESSAGE, CancelRequest
-from . import outbox, tls
+from . import outbox, tls, tls_handshake
+from .records import ClientLoginSteps
 from .unix_socket import os_user_name, peer_uid
 
 if TYPE_CHECKING:
-    from .client import ClientConnection
+    from .records import ClientRecord
 
 log = logging.getLogger("pypool.client")
 
@@ -45,14 +46,14 @@ _LOGGED_KIND = {replication.NONE: "no", replication.LOGICAL: "database",
                 replication.PHYSICAL: "yes"}
 
 
-class ClientLogin:
+class ClientLogin(ClientLoginSteps):
     """The login of one client connection."""
 
     # Held for every idle client, so no __dict__ (10,000 idle clients: issue 15).
     __slots__ = ("client", "_startup", "_buffer", "_auth", "_channel_binding", "_handshaking",
-                 "_early", "_final", "adopting")
+                 "_early", "_final")
 
-    def __init__(self, client: ClientConnection) -> None:
+    def __init__(self, client: ClientRecord) -> None:
         self.client = client
         # The startup packet's exchange (made by connected(), after the PROXY header's when
         # there is one; None once it has returned), what the client sends between its
@@ -224,10 +225,10 @@ class ClientLogin:
         pooler = client.pooler
         timeout = pooler.settings.pooler.client_login_timeout
         if hello:
-            pooler.spawn(tls.accept_direct(client, pooler.tls, timeout, hello))
+            pooler.spawn(tls_handshake.accept_direct(client, pooler.tls, timeout, hello))
             return
         client.transport.pause_reading()
-        pooler.spawn(tls.accept_client(client, pooler.tls, timeout))
+        pooler.spawn(tls_handshake.accept_client(client, pooler.tls, timeout))
 
     def tls_started(self, transport: asyncio.Transport, client_tls: tls.ClientTls,
                     direct: bool = False) -> None:

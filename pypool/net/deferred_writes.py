@@ -13,8 +13,8 @@ it instead of writing, so nothing a client sends later overtakes what was deferr
 that closes writes what is deferred first (its clients' requests then run as they would have
 without pipelining); a server already closed drops it (those clients got the close's error).
 
-The lists live on the ServerConnection and the Pooler; this module owns when they are
-written.
+The lists live on the server's record (net/records.py) and the Pooler; this module owns
+when they are written.
 """
 
 from __future__ import annotations
@@ -25,13 +25,12 @@ from typing import TYPE_CHECKING
 from ..core.states import ServerState
 
 if TYPE_CHECKING:
-    from .port import PoolerPort
-    from .server import ServerConnection
+    from .records import PoolerPort, ServerRecord
 
 log = logging.getLogger("pypool")
 
 
-def send_soon(server: ServerConnection, data: bytes) -> None:
+def send_soon(server: ServerRecord, data: bytes) -> None:
     """Write client requests to `server` once this round of the event loop has read
     everything that was ready."""
     if server.trace is not None:
@@ -57,7 +56,7 @@ def flush_servers(pooler: PoolerPort) -> None:
             server.close("write failed")
 
 
-def flush(server: ServerConnection) -> None:
+def flush(server: ServerRecord) -> None:
     """Write what `send_soon` deferred, in one write (dropped if the server is already
     closed)."""
     deferred = server.deferred

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 
 
-class ReadingSwitch:
-    """Pause and resume reading one transport, idempotently."""
+class ReadingSwitch(asyncio.BaseProtocol):
+    """Pause and resume reading one transport, idempotently. A base of the connections'
+    records (net/records.py), so that what takes a record may hand it to asyncio as the
+    connection's protocol (the TLS handshakes do)."""
 
     transport: asyncio.Transport | None
     _reading_paused: bool

@@ -31,13 +31,12 @@ from ..pooling.session_state import SESSION_SETTINGS
 from ..protocol import messages as m
 
 if TYPE_CHECKING:
-    from .client import ClientConnection
-    from .server import ServerConnection
+    from .records import ClientRecord, ServerRecord
 
 log = logging.getLogger("pypool.server")
 
 
-def send_hidden_query(server: ServerConnection, sql: str, purpose: int = HIDDEN_PLAIN) -> None:
+def send_hidden_query(server: ServerRecord, sql: str, purpose: int = HIDDEN_PLAIN) -> None:
     """Send a query whose replies the client must not see (core/backend.py)."""
     server.backend.query(purpose)
     server.send(m.query(sql), True)
@@ -47,7 +46,7 @@ def send_hidden_query(server: ServerConnection, sql: str, purpose: int = HIDDEN_
 EMPTY_QUERY = "<empty>"
 
 
-def prepare_for(server: ServerConnection, client: ClientConnection, check_query: str,
+def prepare_for(server: ServerRecord, client: ClientRecord, check_query: str,
                 session_sql: bytes = b"") -> None:
     """What must succeed before `client`'s requests may go: `check_query` (if any),
     then a SET of the parameters whose values differ from the client's, and
@@ -61,7 +60,7 @@ def prepare_for(server: ServerConnection, client: ClientConnection, check_query:
         send_parameters(server, client, session_sql)
 
 
-def send_parameters(server: ServerConnection, client: ClientConnection,
+def send_parameters(server: ServerRecord, client: ClientRecord,
                     session_sql: bytes = b"") -> None:
     """SET the parameters whose values differ from the linked `client`'s. Its requests
     wait for the reply (pooler.parameters_applied): if the SET fails, they must not run
@@ -89,7 +88,7 @@ def send_parameters(server: ServerConnection, client: ClientConnection,
     server.send(m.message(m.QUERY, sql + b"\x00"), True)
 
 
-def hidden_outcome(server: ServerConnection, outcome: int) -> None:
+def hidden_outcome(server: ServerRecord, outcome: int) -> None:
     """A pooler-issued query settled (core/backend.py says how)."""
     client = server.client
     if client is not None and client.link.state is not LinkState.SETTING:

@@ -18,8 +18,8 @@ client whose bytes wait unread (`hold_back`: in its request reader while that is
 before its login's ReadyForQuery): `carry_on` reads them and resumes it. Whatever a client
 sends faster than the pooler can pass it on is left in the kernel's buffers, never in ours.
 
-The outbox lives on the ClientConnection (plain attributes, no object of its own); this
-module owns what is done with it. It never decides a link or a release.
+The outbox lives on the client's record (net/records.py: plain attributes, no object of
+its own); this module owns what is done with it. It never decides a link or a release.
 """
 
 from __future__ import annotations
@@ -30,14 +30,13 @@ from ..core.states import ClientState
 
 if TYPE_CHECKING:
     from ..pooling.prepared import ServerStatements
-    from .client import ClientConnection
-    from .server import ServerConnection
+    from .records import ClientRecord, ServerRecord
 
 # What a client without a server may have sent before its reads are paused (bytes).
 OUTBOX_HIGH_WATER: Final = 1 << 20
 
 
-def keep(client: ClientConnection, data: bytes) -> None:
+def keep(client: ClientRecord, data: bytes) -> None:
     """Keep `data` until the client has a server; ask for one if it is not waiting yet."""
     client.outbox.append(data)
     client.outbox_size += len(data)
@@ -49,7 +48,7 @@ def keep(client: ClientConnection, data: bytes) -> None:
         client.pooler.request_server(client)
 
 
-def take_outbox(client: ClientConnection, server: ServerConnection | None = None) -> bytes:
+def take_outbox(client: ClientRecord, server: ServerRecord | None = None) -> bytes:
     """What the client sent while it had no server, for `server` that it is linked to
     now (rewritten for it when prepared statements are)."""
     outbox = client.outbox
@@ -76,7 +75,7 @@ def take_outbox(client: ClientConnection, server: ServerConnection | None = None
     return sql + data if sql else data
 
 
-def rewrite_whole(client: ClientConnection, st: ServerStatements, data: bytes,
+def rewrite_whole(client: ClientRecord, st: ServerStatements, data: bytes,
                   bind_end: int = 0) -> bytes:
     """Rewrite whole, already counted messages (core/frontend.py). A malformed one:
     what came before it is sent, then the client dropped (not from here: this may run
@@ -89,7 +88,7 @@ def rewrite_whole(client: ClientConnection, st: ServerStatements, data: bytes,
     return out
 
 
-def resume_rewriting(client: ClientConnection) -> None:
+def resume_rewriting(client: ClientRecord) -> None:
     """The reply a WAIT depended on has come (or the server was released): carry on
     with what the client sent meanwhile."""
     reader = client.reader
@@ -112,14 +111,14 @@ def resume_rewriting(client: ClientConnection) -> None:
     carry_on(client)
 
 
-def hold_back(client: ClientConnection) -> None:
+def hold_back(client: ClientRecord) -> None:
     """The client's bytes wait unread (its reader is blocked, or its login is not over):
     past the high-water mark, stop reading it until `carry_on`."""
     if len(client.reader.partial) > OUTBOX_HIGH_WATER:
         client.pause_reading()
 
 
-def carry_on(client: ClientConnection) -> None:
+def carry_on(client: ClientRecord) -> None:
     """Relay what the client sent while it had to wait (login, a WAIT, a SET), and read it
     again if `hold_back` had stopped that and nothing else still has to."""
     reader = client.reader

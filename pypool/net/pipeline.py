@@ -83,9 +83,7 @@ from . import deferred_writes, outbox
 
 if TYPE_CHECKING:
     from ..pooling.prepared import ServerStatements
-    from .client import ClientConnection
-    from .port import PoolerPort
-    from .server import ServerConnection
+    from .records import ClientRecord, PoolerPort, ServerRecord
 
 # How long after its deadline a client whose turn has not come is refused (see the module
 # docstring): room for the clocks of two hosts to differ and for a reply still on its way.
@@ -96,7 +94,7 @@ _EXTENDED: Final = tuple(
 )
 
 
-def worth_extending(server: ServerConnection) -> bool:
+def worth_extending(server: ServerRecord) -> bool:
     """Whether the line on `server` may take more now: the pool may not open another server,
     someone waits or the server is not yet listed as having room, and its last transaction
     ends at its Sync (looked at last: for a simple Query it is a regex). Never with
@@ -109,7 +107,7 @@ def worth_extending(server: ServerConnection) -> bool:
             and server.statements.neutral_tail())
 
 
-def extend(pooler: PoolerPort, server: ServerConnection, data: bytes = b"") -> None:
+def extend(pooler: PoolerPort, server: ServerRecord, data: bytes = b"") -> None:
     """Queue waiting clients behind the last one on `server` while the line allows; their
     requests go out in one write, after `data` (what the caller was about to send)."""
     pool = server.pool
@@ -141,7 +139,7 @@ def extend(pooler: PoolerPort, server: ServerConnection, data: bytes = b"") -> N
         deferred_writes.send_soon(server, data)
 
 
-def may_serve_on(pooler: PoolerPort, server: ServerConnection) -> bool:
+def may_serve_on(pooler: PoolerPort, server: ServerRecord) -> bool:
     """Whether `server` may take on more clients: not when it is due to close once free
     (RECONNECT or a changed [databases] entry, server_lifetime over, database removed), or
     a line kept topped up under load would keep it from ever being free."""
@@ -151,7 +149,7 @@ def may_serve_on(pooler: PoolerPort, server: ServerConnection) -> bool:
                 or pooler.now() - server.connect_time > lifetime)
 
 
-def join_open_line(pooler: PoolerPort, client: ClientConnection) -> bool:
+def join_open_line(pooler: PoolerPort, client: ClientRecord) -> bool:
     """A client needs a server and none is idle: queue it on a busy one whose line has room,
     if any (`Pool.open_lines`). False if it must wait."""
     pool = client.pool
@@ -177,7 +175,7 @@ def join_open_line(pooler: PoolerPort, client: ClientConnection) -> bool:
     return False
 
 
-def can_follow_any(server: ServerConnection) -> bool:
+def can_follow_any(server: ServerRecord) -> bool:
     """Whether the last client on `server` leaves room for another behind it."""
     last = server.chain[-1] if server.chain else server.client
     st = server.statements
@@ -191,7 +189,7 @@ def can_follow_any(server: ServerConnection) -> bool:
                 or st.requests.undoable or st.requests.blocked or st.requests.discarding)
 
 
-def _reader_free(client: ClientConnection) -> bool:
+def _reader_free(client: ClientRecord) -> bool:
     """Nothing of `client`'s half-read or waiting, but what a guard holds back (it waits for
     its own server, as what the others in a line send does)."""
     reader = client.reader
@@ -199,7 +197,7 @@ def _reader_free(client: ClientConnection) -> bool:
                              and guarded(client))
 
 
-def can_follow(server: ServerConnection, client: ClientConnection) -> bool:
+def can_follow(server: ServerRecord, client: ClientRecord) -> bool:
     """Whether `client`'s request may be written to `server` now, behind the last client in
     its line."""
     if (client.statements is None or client.statements.sql
@@ -217,7 +215,7 @@ def can_follow(server: ServerConnection, client: ClientConnection) -> bool:
     return covers(server.params, client.params)
 
 
-def guardable(client: ClientConnection) -> bool:
+def guardable(client: ClientRecord) -> bool:
     """Whether what `client` waits to send is one extended-protocol segment ending at its
     Sync, which a guard can open (see the module docstring)."""
     ledger = client.ledger
@@ -226,7 +224,7 @@ def guardable(client: ClientConnection) -> bool:
             and bool(kept) and _EXTENDED[kept[0][0]])
 
 
-def sent(client: ClientConnection, server: ServerConnection,
+def sent(client: ClientRecord, server: ServerRecord,
          st: ServerStatements) -> None:
     """The client's messages went to its server: if they are one whole transaction that
     ends at its Sync, waiting clients may queue behind it (the pooler decides)."""
@@ -237,13 +235,13 @@ def sent(client: ClientConnection, server: ServerConnection,
         client.pooler.pipeline(server)
 
 
-def guarded(client: ClientConnection) -> bool:
+def guarded(client: ClientRecord) -> bool:
     """Whether `client` is in a line with a guard: it holds what it sends next itself."""
     st = client.statements
     return st is not None and st.guard is not None
 
 
-def follow(server: ServerConnection, client: ClientConnection) -> bytes:
+def follow(server: ServerRecord, client: ClientRecord) -> bytes:
     """Queue `client` on `server` behind the last one in the line: its request, rewritten
     for that server, is returned to be sent."""
     last = server.chain[-1] if server.chain else server.client
@@ -277,7 +275,7 @@ def guard_verdict(guard: Guard) -> None:
     ReadyForQuery of its Sync has gone by (`skipped_in_line`). PASSED: its transaction has
     started; if nobody is queued behind it, what it sent meanwhile may go (its transaction
     may be a BEGIN: it must not wait for a release that only its next requests bring)."""
-    client: ClientConnection = guard.owner
+    client: ClientRecord = guard.owner
     if guard.state == FAILED:
         if client.state is not ClientState.CLOSED:
             refuse(client)
@@ -286,7 +284,7 @@ def guard_verdict(guard: Guard) -> None:
         client.pooler.loop.call_soon(_send_on, client, guard)
 
 
-def _send_on(client: ClientConnection, guard: Guard) -> None:
+def _send_on(client: ClientRecord, guard: Guard) -> None:
     """After a PASSED guard: the client, still the last in its line, sends on."""
     server = client.server
     st = client.statements
@@ -298,7 +296,7 @@ def _send_on(client: ClientConnection, guard: Guard) -> None:
         outbox.resume_rewriting(client)
 
 
-def skipped_in_line(client: ClientConnection) -> bool:
+def skipped_in_line(client: ClientRecord) -> bool:
     """Whether the guard of linked `client` failed (or an error came before it): all the
     server still owes it is the ReadyForQuery of the segment it skips, so a client that
     leaves now (refused) keeps its place until then, and the server serves on."""
@@ -307,7 +305,7 @@ def skipped_in_line(client: ClientConnection) -> bool:
     return guard is not None and (guard.state == FAILED or guard.state == SKIPPED)
 
 
-def refuse(client: ClientConnection) -> None:
+def refuse(client: ClientRecord) -> None:
     """Tell a client in a line `query_wait_timeout`, as the janitor tells a waiting one."""
     pool = client.pool
     assert pool is not None
@@ -316,7 +314,7 @@ def refuse(client: ClientConnection) -> None:
     client.fail(PoolerError("query_wait_timeout"))
 
 
-def refuse_overdue(pooler: PoolerPort, server: ServerConnection, now: float) -> None:
+def refuse_overdue(pooler: PoolerPort, server: ServerRecord, now: float) -> None:
     """The janitor's part: refuse the clients queued behind the head of `server`'s line
     (their turn has not come) whose deadline passed GUARD_MARGIN ago, if nothing the server
     sent is left unread (see the module docstring)."""
@@ -335,7 +333,7 @@ def refuse_overdue(pooler: PoolerPort, server: ServerConnection, now: float) -> 
         refuse(client)
 
 
-def replies_unread(server: ServerConnection) -> bool:
+def replies_unread(server: ServerRecord) -> bool:
     """Whether bytes from the server wait unread in its socket's receive queue (FIONREAD);
     True when that cannot be told."""
     transport = server.transport
@@ -349,7 +347,7 @@ def replies_unread(server: ServerConnection) -> bool:
     return bool(struct.unpack("i", raw)[0])
 
 
-def hand_on(pooler: PoolerPort, server: ServerConnection, now: float) -> None:
+def hand_on(pooler: PoolerPort, server: ServerRecord, now: float) -> None:
     """The head of the line is done: the next client in it is linked from now on."""
     client = server.chain.popleft()
     server.link(client)

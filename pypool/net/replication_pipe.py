@@ -28,8 +28,7 @@ from .tls_records import RECORD_MAX, write_in_records
 
 if TYPE_CHECKING:
     from ..pooling.pool import PoolStats
-    from .client import ClientConnection
-    from .server import ServerConnection
+    from .records import ClientRecord, ServerRecord
 
 # Which side a PipeEnd reads.
 CLIENT = "client"
@@ -91,7 +90,7 @@ class PipeEnd(asyncio.Protocol):
 class ReplicationPipe:
     """A replication client and its dedicated server, joined from `start` on."""
 
-    def __init__(self, client: ClientConnection, server: ServerConnection, stats: PoolStats,
+    def __init__(self, client: ClientRecord, server: ServerRecord, stats: PoolStats,
                  on_lost: Callable[[ReplicationPipe, str, Exception | None], None]) -> None:
         self.client = client
         self.server = server

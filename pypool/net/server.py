@@ -11,7 +11,7 @@ ReadyForQuery the client gets (pooler/transactions.py: the client's ledger decid
 release), hands the settled outcome of the pooler's own queries to net/hidden_queries.py,
 and carries flow control. Writes to the server go out at once (`send`) or at the end of the
 loop's round (net/deferred_writes.py). The server is never handed on while replies are owed.
-Its fields are said in net/server_record.py.
+Its fields are said in net/records.py.
 """
 
 from __future__ import annotations
@@ -24,15 +24,13 @@ from ..core import replies
 from ..core.states import ServerEvent, ServerState, server_transition
 from ..protocol import messages as m
 from . import deferred_writes, hidden_queries, outbox
+from .records import ServerRecord
 from .server_login import ServerLogin
-from .server_record import ServerRecord
 
 if TYPE_CHECKING:
     from ..auth.server_credentials import ServerCredentials
     from ..pooling.pool import Pool
-    from .client import ClientConnection
-    from .hooks import ServerTap
-    from .port import PoolerPort
+    from .records import ClientRecord, PoolerPort, ServerTap
 
 log = logging.getLogger("pypool.server")
 
@@ -44,7 +42,7 @@ class ServerConnection(ServerRecord, asyncio.Protocol):
         self, pooler: PoolerPort, pool: Pool, host: str, port: int, dbname: str,
         credentials: ServerCredentials, startup_params: dict[str, str],
     ) -> None:
-        # Its fields, said once (net/server_record.py).
+        # Its fields, said once (net/records.py).
         ServerRecord.__init__(self, pooler, pool, host, port, dbname, credentials,
                               startup_params)
         self.transport: asyncio.Transport | None = None
@@ -109,7 +107,7 @@ class ServerConnection(ServerRecord, asyncio.Protocol):
             assert self.transport is not None
             self.transport.write(data)
 
-    def link(self, client: ClientConnection | None) -> None:
+    def link(self, client: ClientRecord | None) -> None:
         """Serve `client` from now on (None: nobody); its ledger and session parameters
         are what the reply reader keeps up to date."""
         self.client = client

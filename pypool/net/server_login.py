@@ -4,7 +4,7 @@ connection to the first ReadyForQuery.
 The exchange itself is a sans-IO generator (core/server_login.py: StartupMessage, the
 Authentication requests, ParameterStatus and BackendKeyData). This is the glue that feeds it
 the server's bytes, sends an SSLRequest first when server_tls_sslmode asks for TLS and
-starts the handshake on 'S' (net/tls.py), and tells the pooler how the login went
+starts the handshake on 'S' (net/tls_handshake.py), and tells the pooler how the login went
 (`server_logged_in`, or the connection's `ready` future failing with the server's error).
 It owns the login's state and nothing after it.
 """
@@ -20,17 +20,17 @@ from ..core.exchange import advance
 from ..core.server_login import LoggedIn, ServerLoginError
 from ..core.states import ServerState
 from ..protocol import messages as m
-from . import tls
+from . import tls, tls_handshake
 from .socket_options import tune_tcp
 
 if TYPE_CHECKING:
-    from .server import ServerConnection
+    from .records import ServerRecord
 
 
 class ServerLogin:
     """The login of one server connection."""
 
-    def __init__(self, server: ServerConnection) -> None:
+    def __init__(self, server: ServerRecord) -> None:
         self.server = server
         self._login: Generator[bytes, bytes, LoggedIn] | None = None
         self._awaiting_tls_answer = False  # the SSLRequest's 'S' or 'N' is still to come
@@ -104,7 +104,7 @@ class ServerLogin:
             return
         assert server.transport is not None
         server.transport.pause_reading()  # the TLS layer reads from here on
-        server.pooler.spawn(tls.connect_server(
+        server.pooler.spawn(tls_handshake.connect_server(
             server, tls_config, server.host, server.pooler.settings.pooler.server_connect_timeout,
             self._tls_started, self._tls_failed))
 

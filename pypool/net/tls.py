@@ -5,10 +5,8 @@ describe (`ClientTls`, the pooler accepting TLS from clients; `ServerTls`, the p
 connecting to PostgreSQL with TLS), built once at start and again at each reload (`Tls`):
 a reload whose files or values do not make a working context is logged and the contexts in
 force are kept, so rotating certificates never drops anyone and a bad file breaks nothing.
-It also runs the handshakes (`accept_client`, `connect_server`, with `loop.start_tls`: the
-same Protocol keeps getting `data_received`, now decrypted, from a new transport; and
-`accept_direct` for direct TLS, whose ClientHello was already read), counts them for the
-metrics, and formats what SHOW CLIENTS / SERVERS print in their `tls` column.
+It also counts the handshakes (net/tls_handshake.py runs them) for the metrics, and formats
+what SHOW CLIENTS / SERVERS print in their `tls` column.
 
 When TLS starts is not decided here: the startup packets are core/client_login.py's
 (SSLRequest answered 'S' or 'N', "SSL required") and core/server_login.py's (the
@@ -32,20 +30,14 @@ import asyncio
 import logging
 import ssl
 import warnings
-from asyncio import sslproto
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Final
 
 from ..auth.channel_binding import tls_server_end_point
 from ..core.client_login import StartupTls
 from ..settings import TLS_VERSIONS, PoolerSettings, SettingsError
 from .tls_group import negotiated_group
-
-if TYPE_CHECKING:
-    from .client import ClientConnection
-    from .server import ServerConnection
 
 log = logging.getLogger("pypool.tls")
 
@@ -320,110 +312,6 @@ class Tls:
 
 def _values(cfg: PoolerSettings, keys: tuple[str, ...]) -> tuple[object, ...]:
     return tuple(getattr(cfg, key) for key in keys)
-
-
-# --- handshakes ----------------------------------------------------------------------------
-
-
-def accept_direct(client: ClientConnection, tls: Tls, timeout: float,
-                  hello: bytes) -> Coroutine[Any, Any, None]:
-    """PostgreSQL 17's `sslnegotiation=direct`: the client sent its ClientHello at once, no
-    SSLRequest, and `hello` is what of it `data_received` already took. loop.start_tls
-    cannot be handed bytes already read, so the TLS layer it would make is made here, the
-    same asyncio SSLProtocol, and given them; it takes over the transport now, so that the
-    rest of the handshake goes to it. The coroutine returned waits for the handshake."""
-    context = tls.client.context
-    transport = client.transport
-    assert context is not None and transport is not None
-    loop = asyncio.get_running_loop()
-    waiter = loop.create_future()
-    layer = sslproto.SSLProtocol(loop, client, context, waiter, server_side=True,
-                                 call_connection_made=False,
-                                 ssl_handshake_timeout=timeout or None)  # type: ignore[arg-type]
-    transport.set_protocol(layer)
-    layer.connection_made(transport)
-    view = memoryview(hello)
-    while view:
-        buffer = layer.get_buffer(len(view))
-        size = min(len(buffer), len(view))
-        buffer[:size] = view[:size]
-        view = view[size:]
-        layer.buffer_updated(size)
-    return _direct_handshake(client, tls, waiter, layer)
-
-
-async def _direct_handshake(client: ClientConnection, tls: Tls, waiter: asyncio.Future[Any],
-                            layer: sslproto.SSLProtocol) -> None:
-    try:
-        await waiter
-    except Exception as exc:  # noqa: BLE001 - any failure ends this client's login
-        tls.count("client", False)
-        if client.login is not None:
-            client.login.tls_failed(_reason(exc))
-        return
-    tls.count("client", True)
-    assert client.login is not None  # still logging in: the handshake is part of it
-    client.login.tls_started(layer._app_transport, tls.client, direct=True)  # noqa: SLF001
-
-
-async def accept_client(client: ClientConnection, tls: Tls, timeout: float) -> None:
-    """The handshake after the 'S' answer; `client.tls_started` or `client.tls_failed`."""
-    context = tls.client.context
-    transport = client.transport
-    assert context is not None and transport is not None
-    loop = asyncio.get_running_loop()
-    try:
-        new = await loop.start_tls(transport, client, context, server_side=True,
-                                   ssl_handshake_timeout=timeout or None)
-    except Exception as exc:  # noqa: BLE001 - any failure ends this client's login
-        tls.count("client", False)
-        if client.login is not None:
-            client.login.tls_failed(_reason(exc))
-        return
-    if new is None:  # the connection went away meanwhile
-        tls.count("client", False)
-        if client.login is not None:
-            client.login.tls_failed("connection closed during the TLS handshake")
-        return
-    tls.count("client", True)
-    assert client.login is not None  # still logging in: the handshake is part of it
-    client.login.tls_started(new, tls.client)  # type: ignore[arg-type]  # uvloop's is no subclass
-
-
-async def connect_server(server: ServerConnection, tls: Tls, host: str, timeout: float,
-                         started: Callable[[asyncio.Transport, bytes | None], None],
-                         failed: Callable[[str], None]) -> None:
-    """The handshake after PostgreSQL's 'S': `started(transport, channel_binding)` or
-    `failed(reason)`."""
-    context = tls.server.context
-    transport = server.transport
-    assert context is not None and transport is not None
-    loop = asyncio.get_running_loop()
-    hostname = host if tls.server.sslmode == "verify-full" else None
-    try:
-        new = await loop.start_tls(transport, server, context, server_side=False,
-                                   server_hostname=hostname,
-                                   ssl_handshake_timeout=timeout or None)
-    except Exception as exc:  # noqa: BLE001 - any failure is this server's login failing
-        tls.count("server", False)
-        failed(_reason(exc))
-        return
-    if new is None:
-        tls.count("server", False)
-        failed("connection closed during the TLS handshake")
-        return
-    tls.count("server", True)
-    ssl_object = new.get_extra_info("ssl_object")
-    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
-    started(new, tls_server_end_point(der) if der else None)  # type: ignore[arg-type]
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"certificate verify failed: {exc.verify_message}"
-    if isinstance(exc, TimeoutError):
-        return "TLS handshake timed out"
-    return f"TLS handshake failed: {exc}" if str(exc) else f"TLS handshake failed: {exc!r}"
 
 
 # --- what SHOW and the login checks read ---------------------------------------------------

@@ -22,7 +22,7 @@ from ..protocol import messages as m
 from . import linking, peers, takeover
 
 if TYPE_CHECKING:
-    from ..net.server import ServerConnection
+    from ..net.records import ServerRecord
     from .record import PoolerRecord as Pooler
 
 log = logging.getLogger("pypool")
@@ -63,7 +63,7 @@ def cancel_here(pooler: Pooler, pid: int, secret: int) -> None:
     pooler.spawn(_send_cancel(pooler, server))
 
 
-async def _send_cancel(pooler: Pooler, server: ServerConnection) -> None:
+async def _send_cancel(pooler: Pooler, server: ServerRecord) -> None:
     timeout = pooler.settings.pooler.cancel_wait_timeout or None
     landed = False
     try:

@@ -32,7 +32,7 @@ from ..protocol.errors import PoolerError
 from . import auth_database, hba_login, replication, tracing
 
 if TYPE_CHECKING:
-    from ..net.client import ClientConnection
+    from ..net.records import ClientRecord
     from ..pooling.pool import Pool
     from ..settings import DatabaseEntry
     from .record import PoolerRecord as Pooler
@@ -64,7 +64,7 @@ def load_auth(pooler: Pooler) -> None:
     pooler.auth_secrets = known
 
 
-def client_connected(pooler: Pooler, client: ClientConnection) -> None:
+def client_connected(pooler: Pooler, client: ClientRecord) -> None:
     """A client's TCP or unix connection is up: it counts from now."""
     if client.state is not ClientState.STARTUP:
         return  # taken over from another process (-R): logged in, or refused, already
@@ -72,7 +72,7 @@ def client_connected(pooler: Pooler, client: ClientConnection) -> None:
     pooler.login_clients.add(client)
 
 
-def begin_authentication(pooler: Pooler, client: ClientConnection) -> None:
+def begin_authentication(pooler: Pooler, client: ClientRecord) -> None:
     cfg = pooler.settings.pooler
     if pooler.wire_trace is not None:
         tracing.named(pooler, client)  # traced by its application_name
@@ -121,7 +121,7 @@ def begin_authentication(pooler: Pooler, client: ClientConnection) -> None:
     start_auth(client, secret, auth_type)
 
 
-async def auth_query(pooler: Pooler, client: ClientConnection, entry: DatabaseEntry,
+async def auth_query(pooler: Pooler, client: ClientRecord, entry: DatabaseEntry,
                      auth_user: str, auth_type: str, query: str) -> None:
     """Find `client`'s secret with auth_user's `query` on `entry`'s server, then start its
     password exchange (or refuse it)."""
@@ -161,7 +161,7 @@ async def auth_query(pooler: Pooler, client: ClientConnection, entry: DatabaseEn
             client.fail(exc)
 
 
-def client_authenticated(pooler: Pooler, client: ClientConnection,
+def client_authenticated(pooler: Pooler, client: ClientRecord,
                          scram_key: bytes | None) -> None:
     pooler.login_clients.discard(client)
     if scram_key is not None:
@@ -198,7 +198,7 @@ def client_authenticated(pooler: Pooler, client: ClientConnection,
     pooler.launch_servers(pool)
 
 
-def enter_pool(pooler: Pooler, client: ClientConnection) -> Pool:
+def enter_pool(pooler: Pooler, client: ClientRecord) -> Pool:
     """The client joins the pool of its database and user (at login, or taken over by
     -R); an unknown or DISABLEd database refuses it."""
     entry = pooler.settings.database(client.database)
@@ -213,7 +213,7 @@ def enter_pool(pooler: Pooler, client: ClientConnection) -> Pool:
     return pool
 
 
-def start_auth(client: ClientConnection, secret: str | None, auth_type: str,
+def start_auth(client: ClientRecord, secret: str | None, auth_type: str,
                 known: bool = False) -> None:
     """As PgBouncer: trust lets in only users the pooler knows (auth_file, or found by
     auth_query, `known`, with or without a password)."""

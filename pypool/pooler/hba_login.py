@@ -25,7 +25,7 @@ from ..protocol import errors, replication
 from ..protocol.errors import PoolerError
 
 if TYPE_CHECKING:
-    from ..net.client import ClientConnection
+    from ..net.records import ClientRecord
     from ..settings import PoolerSettings
 
 log = logging.getLogger("pypool")
@@ -72,7 +72,7 @@ def load(cfg: PoolerSettings) -> HbaConfig:
     return HbaConfig(rules, maps)
 
 
-def method_for(hba: HbaConfig, client: ClientConnection) -> str:
+def method_for(hba: HbaConfig, client: ClientRecord) -> str:
     """The auth_type the hba rules pick for `client`, or a PoolerError refusing it."""
     unix = client.peer[0] == "unix"
     login = Login(

@@ -26,7 +26,7 @@ from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 
 if TYPE_CHECKING:
-    from ..net.client import ClientConnection
+    from ..net.records import ClientRecord
     from ..pooling.pool import Pool
     from ..settings import UserEntry
     from .record import PoolerRecord as Pooler
@@ -130,7 +130,7 @@ def _expire_active(pool: Pool, now: float, query_timeout: float, idle_xact_timeo
     for server in list(pool.active):
         # Its own name and type: compiled, a name keeps the type of its first use, and an
         # active server may have no client.
-        linked: ClientConnection | None = server.client
+        linked: ClientRecord | None = server.client
         if linked is None:
             continue
         client = linked

@@ -34,8 +34,7 @@ from ..protocol.errors import PoolerError
 from . import replication
 
 if TYPE_CHECKING:
-    from ..net.client import ClientConnection
-    from ..net.server import ServerConnection
+    from ..net.records import ClientRecord, ServerRecord
     from ..pooling.pool import Pool
     from .record import PoolerRecord as Pooler
 
@@ -45,7 +44,7 @@ log = logging.getLogger("pypool")
 CHECK_ATTEMPTS: Final = 3
 
 
-def request_server(pooler: Pooler, client: ClientConnection) -> None:
+def request_server(pooler: Pooler, client: ClientRecord) -> None:
     """The client has sent something that needs a server."""
     pool = client.pool
     assert pool is not None
@@ -75,7 +74,7 @@ def request_server(pooler: Pooler, client: ClientConnection) -> None:
         pooler.launch_servers(pool)  # else there is no room for another server anyway
 
 
-def link(pooler: Pooler, client: ClientConnection, server: ServerConnection,
+def link(pooler: Pooler, client: ClientRecord, server: ServerRecord,
          now: float = 0.0) -> None:
     pool = server.pool
     now = now or pooler.now()
@@ -124,8 +123,8 @@ def link(pooler: Pooler, client: ClientConnection, server: ServerConnection,
         _send_outbox(pooler, client, server)
 
 
-def parameters_applied(pooler: Pooler, server: ServerConnection,
-                       client: ClientConnection) -> None:
+def parameters_applied(pooler: Pooler, server: ServerRecord,
+                       client: ClientRecord) -> None:
     """The check and SET sent at link time succeeded: the client's requests go now."""
     actions = client.on_link(LinkEvent.APPLIED)
     client.reader.blocked = False
@@ -136,7 +135,7 @@ def parameters_applied(pooler: Pooler, server: ServerConnection,
         outbox.carry_on(client)  # what it sent meanwhile
 
 
-def check_failed(pooler: Pooler, server: ServerConnection, client: ClientConnection | None,
+def check_failed(pooler: Pooler, server: ServerRecord, client: ClientRecord | None,
                  why: str) -> None:
     """server_check_query failed or the server died under it: the server goes, and the
     client (none of whose requests were sent) asks for another."""
@@ -166,7 +165,7 @@ def check_failed(pooler: Pooler, server: ServerConnection, client: ClientConnect
         server.close(f"server_check_query failed: {why}")
 
 
-def parameters_failed(pooler: Pooler, server: ServerConnection, client: ClientConnection,
+def parameters_failed(pooler: Pooler, server: ServerRecord, client: ClientRecord,
                       fields: dict[str, str]) -> None:
     """The SET sent at link time failed: none of the client's requests ran; they would
     have run under settings it did not ask for. As PgBouncer, the client is dropped with
@@ -179,7 +178,7 @@ def parameters_failed(pooler: Pooler, server: ServerConnection, client: ClientCo
     server.close("session parameters could not be set")
 
 
-def _send_outbox(pooler: Pooler, client: ClientConnection, server: ServerConnection) -> None:
+def _send_outbox(pooler: Pooler, client: ClientRecord, server: ServerRecord) -> None:
     data = outbox.take_outbox(client, server)
     if data:
         if pipeline.worth_extending(server):
@@ -190,7 +189,7 @@ def _send_outbox(pooler: Pooler, client: ClientConnection, server: ServerConnect
         server.send(data)
 
 
-def release(pooler: Pooler, client: ClientConnection, now: float = 0.0,
+def release(pooler: Pooler, client: ClientRecord, now: float = 0.0,
             then_close: bool = False) -> None:
     """The client's transaction ended and nothing is owed (its link said RELEASE,
     core/link.py): its server goes back. `then_close`: the link said CLOSE_CLIENT too (a
@@ -224,7 +223,7 @@ def release(pooler: Pooler, client: ClientConnection, now: float = 0.0,
         outbox.resume_rewriting(client)  # what it sent meanwhile goes to its next server
 
 
-def _hand_back(pooler: Pooler, server: ServerConnection, now: float) -> None:
+def _hand_back(pooler: Pooler, server: ServerRecord, now: float) -> None:
     """A server whose client is done: to the next client of its line, or back to the pool
     (after the reset query if server_reset_query_always), unless prepared-statement replies
     are still owed, which the next client would get: then it closes."""
@@ -238,14 +237,14 @@ def _hand_back(pooler: Pooler, server: ServerConnection, now: float) -> None:
         server.close("prepared-statement replies out of step")
 
 
-def _reset_always(pooler: Pooler, server: ServerConnection) -> None:
+def _reset_always(pooler: Pooler, server: ServerRecord) -> None:
     """server_reset_query_always: the reset query after every transaction, in every
     pool mode (its replies are hidden; the next client's requests queue behind it)."""
     if pooler.reset_query_always:
         hidden_queries.send_hidden_query(server, pooler.reset_query_always)
 
 
-def server_available(pooler: Pooler, server: ServerConnection, now: float = 0.0) -> None:
+def server_available(pooler: Pooler, server: ServerRecord, now: float = 0.0) -> None:
     """A server with no client: hand it to the first waiting client, or keep it idle
     (`now`: the clock, when the caller has just read it)."""
     pool = server.pool
@@ -278,7 +277,7 @@ def server_available(pooler: Pooler, server: ServerConnection, now: float = 0.0)
     pool.put_idle(server)
 
 
-def _close_reason(pooler: Pooler, server: ServerConnection, now: float) -> str:
+def _close_reason(pooler: Pooler, server: ServerRecord, now: float) -> str:
     """Why a server that just became free must close instead of serving again, if so."""
     pool = server.pool
     if pool.paused:
@@ -306,7 +305,7 @@ def serve_waiting(pooler: Pooler, pool: Pool) -> None:
             pool.put_idle(server)
 
 
-def carry_back_pressure(client: ClientConnection, server: ServerConnection) -> None:
+def carry_back_pressure(client: ClientRecord, server: ServerRecord) -> None:
     """A new link inherits the pauses its two sides are in: a client still above its write
     high-water mark gets a server whose reading is paused, and the other way round."""
     if client.writing_paused:

@@ -53,7 +53,7 @@ from ..protocol import messages as m
 from . import linking, server_logins
 
 if TYPE_CHECKING:
-    from ..net.client import ClientConnection
+    from ..net.records import ClientRecord
     from ..pooling.pool import Pool
     from ..pooling.session_state import ClientSession
     from .record import PoolerRecord as Pooler
@@ -73,7 +73,7 @@ def shared(pooler: Pooler) -> bool:
     return pooler.settings.pooler.listen_mode == "shared"
 
 
-def changed(pooler: Pooler, client: ClientConnection, session: ClientSession) -> None:
+def changed(pooler: Pooler, client: ClientRecord, session: ClientSession) -> None:
     """What `client` wants may have changed (a LISTEN or UNLISTEN sent, or its transaction
     ended): tell its pool's Listening, and open or ask its listening connection."""
     pool = client.pool
@@ -89,7 +89,7 @@ def changed(pooler: Pooler, client: ClientConnection, session: ClientSession) ->
     _keep(pooler, pool, hub)
 
 
-def ready(pooler: Pooler, client: ClientConnection, session: ClientSession) -> None:
+def ready(pooler: Pooler, client: ClientRecord, session: ClientSession) -> None:
     """After a ReadyForQuery that leaves `client` owed nothing: its LISTENs and UNLISTENs
     may have committed; its server may be kept as a bridge (a `listen` pin, see the module
     docstring); write what was held for it (a message boundary)."""
@@ -116,7 +116,7 @@ def ready(pooler: Pooler, client: ClientConnection, session: ClientSession) -> N
         _flush(client, session)
 
 
-def gone(pooler: Pooler, client: ClientConnection) -> None:
+def gone(pooler: Pooler, client: ClientRecord) -> None:
     """`client` left: it wants nothing any more."""
     pool = client.pool
     hub = pool.listening if pool is not None else None
@@ -127,7 +127,7 @@ def gone(pooler: Pooler, client: ClientConnection) -> None:
             _keep(pooler, pool, hub)
 
 
-def _flush(client: ClientConnection, session: ClientSession) -> None:
+def _flush(client: ClientRecord, session: ClientSession) -> None:
     """Write the held notifications of the channels it still listens on (UNLISTENed since:
     dropped), and the pooler's NOTICEs (channel b"")."""
     listening = session.listening
@@ -137,14 +137,14 @@ def _flush(client: ClientConnection, session: ClientSession) -> None:
         _write(client, out)
 
 
-def _write(client: ClientConnection, messages: list[bytes]) -> None:
+def _write(client: ClientRecord, messages: list[bytes]) -> None:
     client.write(b"".join(messages))
     assert client.pool is not None
     client.pool.stats.notifications_delivered += sum(
         1 for message in messages if message[0] == m.NOTIFICATION_RESPONSE)
 
 
-def _receiving(client: ClientConnection) -> bool:
+def _receiving(client: ClientRecord) -> bool:
     """Whether something the server sends is on its way to `client` now (or may be, with
     replies owed): then a notification waits for the next ReadyForQuery."""
     server = client.server
@@ -153,7 +153,7 @@ def _receiving(client: ClientConnection) -> bool:
     return not (client.ledger.idle() and server.at_message_boundary())
 
 
-def _hand(client: ClientConnection, channel: bytes, message: bytes) -> None:
+def _hand(client: ClientRecord, channel: bytes, message: bytes) -> None:
     """Give `client` one notification (or the pooler's NOTICE, channel b"") now if it may
     take it, else hold it."""
     session = client.session
@@ -180,7 +180,7 @@ def _heard(pooler: Pooler, hub: Listening, found: list[tuple[bytes, bytes]]) -> 
         _back(hub)
 
 
-def _end_bridge(pooler: Pooler, hub: Listening, client: ClientConnection) -> None:
+def _end_bridge(pooler: Pooler, hub: Listening, client: ClientRecord) -> None:
     """A bridged client whose channels the listening connection now holds gives its
     server back if it is idle (else its next ReadyForQuery does)."""
     session = client.session

@@ -8,7 +8,7 @@ deferred to the end of the loop's round. It decides nothing about who gets which
 the sans-IO Pool does, and linking.py carries it out.
 
 The client and server Protocols (net/) call in here at their turning points, through the
-narrow port they see it as (net/port.py's PoolerPort, which this class implements): a
+narrow port they see it as (net/records.py's PoolerPort, which this class implements): a
 client authenticated, a client needs a server, a transaction ended, a server logged in or
 closed. The work belongs to other concepts (client_logins.py, teardown.py, linking.py,
 transactions.py, server_logins.py, cancel.py, janitor.py, lifecycle.py); the methods here
@@ -24,8 +24,7 @@ from __future__ import annotations
 import logging
 
 from ..net import pipeline
-from ..net.client import ClientConnection
-from ..net.server import ServerConnection
+from ..net.records import ClientRecord, ServerRecord
 from ..pooling.pool import Pool
 from ..protocol.errors import PoolerError
 from ..settings import DatabaseEntry, Settings
@@ -93,50 +92,50 @@ class Pooler(PoolerRecord):
         return server_logins.entry_startup(self, entry)
 
     def open_server(self, pool: Pool, entry: DatabaseEntry,
-                    startup: dict[str, str]) -> ServerConnection:
+                    startup: dict[str, str]) -> ServerRecord:
         return server_logins.open_server(self, pool, entry, startup)
 
-    def server_logged_in(self, server: ServerConnection) -> None:
+    def server_logged_in(self, server: ServerRecord) -> None:
         server_logins.server_logged_in(self, server)
 
-    def server_closed(self, server: ServerConnection, reason: str) -> None:
+    def server_closed(self, server: ServerRecord, reason: str) -> None:
         """Forget a server that is gone; its client, if it had one, gets an error
         (pooler/teardown.py)."""
         teardown.server_closed(self, server, reason)
 
-    def close_server(self, server: ServerConnection, reason: str) -> None:
+    def close_server(self, server: ServerRecord, reason: str) -> None:
         """Close a server on purpose (pooler/teardown.py)."""
         teardown.close_server(self, server, reason)
 
     # --- clients --------------------------------------------------------------------------
 
-    def client_connected(self, client: ClientConnection) -> None:
+    def client_connected(self, client: ClientRecord) -> None:
         client_logins.client_connected(self, client)
 
-    def begin_authentication(self, client: ClientConnection) -> None:
+    def begin_authentication(self, client: ClientRecord) -> None:
         """The startup packet is in: admit the client and find its secret
         (pooler/client_logins.py)."""
         client_logins.begin_authentication(self, client)
 
-    def client_authenticated(self, client: ClientConnection, scram_key: bytes | None) -> None:
+    def client_authenticated(self, client: ClientRecord, scram_key: bytes | None) -> None:
         """A cancel key, then the console or the pool (pooler/client_logins.py)."""
         client_logins.client_authenticated(self, client, scram_key)
 
-    def enter_pool(self, client: ClientConnection) -> Pool:
+    def enter_pool(self, client: ClientRecord) -> Pool:
         """The client joins the pool of its database and user (pooler/client_logins.py)."""
         return client_logins.enter_pool(self, client)
 
     def login_failing(self, pool: Pool) -> PoolerError | None:
         return server_logins.login_failing(self, pool)
 
-    def client_closed(self, client: ClientConnection, reason: str) -> None:
+    def client_closed(self, client: ClientRecord, reason: str) -> None:
         """Forget a client that is gone; its server goes back or closes
         (pooler/teardown.py)."""
         teardown.client_closed(self, client, reason)
 
     # --- pipelining ----------------------------------------------------------------------
 
-    def pipeline(self, server: ServerConnection) -> None:
+    def pipeline(self, server: ServerRecord) -> None:
         """The linked client has sent a whole transaction: if it ends at its Sync, queue
         waiting clients behind it (net/pipeline.py)."""
         if pipeline.worth_extending(server):
@@ -145,32 +144,32 @@ class Pooler(PoolerRecord):
     # --- where the Protocols, the console and the start-up call in -----------------------
     # The work is done in the modules named; these keep the calls the other layers make.
 
-    def request_server(self, client: ClientConnection) -> None:
+    def request_server(self, client: ClientRecord) -> None:
         """The client has sent something that needs a server (linking.py)."""
         linking.request_server(self, client)
 
-    def ready_for_query(self, client: ClientConnection, status: int) -> None:
+    def ready_for_query(self, client: ClientRecord, status: int) -> None:
         """The linked server forwarded a ReadyForQuery to `client`: release, keep or close
         the server (transactions.py)."""
         transactions.ready_for_query(self, client, status)
 
-    def session_changed(self, client: ClientConnection) -> None:
+    def session_changed(self, client: ClientRecord) -> None:
         """The client sent statements that change session state (transactions.py)."""
         transactions.session_changed(self, client)
 
-    def release(self, client: ClientConnection, now: float = 0.0) -> None:
+    def release(self, client: ClientRecord, now: float = 0.0) -> None:
         """The client's transaction ended and nothing is owed: its server goes back
         (linking.py)."""
         linking.release(self, client, now)
 
-    def parameters_applied(self, server: ServerConnection, client: ClientConnection) -> None:
+    def parameters_applied(self, server: ServerRecord, client: ClientRecord) -> None:
         linking.parameters_applied(self, server, client)
 
-    def check_failed(self, server: ServerConnection, client: ClientConnection | None,
+    def check_failed(self, server: ServerRecord, client: ClientRecord | None,
                      why: str) -> None:
         linking.check_failed(self, server, client, why)
 
-    def parameters_failed(self, server: ServerConnection, client: ClientConnection,
+    def parameters_failed(self, server: ServerRecord, client: ClientRecord,
                           fields: dict[str, str]) -> None:
         linking.parameters_failed(self, server, client, fields)
 

@@ -1,21 +1,23 @@
 """What the running pooler holds: the Pooler's fields, and the calls made into it.
 
-As net/client_record.py says a client's fields once for net/client.py, PoolerRecord says the
+As net/records.py says a client's fields once for net/client.py, PoolerRecord says the
 running pooler's once: the pools by (database, user), the servers per database and user,
 the clients from their TCP connection to their close, the secrets and cancel keys, the
 switches, the hooks plugged in at start-up. It decides only what follows from them alone:
-the limits a pool is built with and the credentials a server logs in with.
+the limits a pool is built with and the credentials a server logs in with. Like net/
+itself, pooler/ names the connections by their records (net/records.py's ClientRecord and
+ServerRecord), which declare the calls made on them.
 
 pooler/'s parts (client_logins.py, linking.py, transactions.py, teardown.py,
 server_logins.py, cancel.py, janitor.py, lifecycle.py, ...) take the pooler as a
 PoolerRecord (imported as `Pooler`), not as objects.py's Pooler: objects.py imports every
 one of them to hand over to it, so they must not import objects.py, not even to type a
 parameter. The calls a part makes on the pooler (`pooler.launch_servers`,
-`pooler.close_server`, ...) and those net/ makes (net/port.py, for the parts hand the pooler
-to connections) are declared at the end of this class; objects.py's Pooler carries each out
-by handing over to the part that owns it, and tests/pooler/test_record.py keeps the list
-exactly those calls. Compiled, they are direct calls through the class's method table, as
-on the Pooler itself.
+`pooler.close_server`, ...) and those net/ makes (net/records.py's PoolerPort, for the parts
+hand the pooler to connections) are declared at the end of this class; objects.py's Pooler
+carries each out by handing over to the part that owns it, and tests/pooler/test_record.py
+keeps the list exactly those calls. Compiled, they are direct calls through the class's
+method table, as on the Pooler itself.
 
 Never here: an import of a part of pooler/ that takes a pooler, or work beyond the fields.
 """
@@ -41,16 +43,8 @@ from .host_lists import HostChooser
 from .replication_state import Replication
 
 if TYPE_CHECKING:
-    from ..net.client import ClientConnection
-    from ..net.hooks import (
-        OpenConsole,
-        OpenTrace,
-        OpenTransactionLog,
-        ServeMetrics,
-        TransactionLog,
-        WireTrace,
-    )
-    from ..net.server import ServerConnection
+    from ..net.hooks import OpenConsole, OpenTrace, OpenTransactionLog, ServeMetrics
+    from ..net.records import ClientRecord, ServerRecord, TransactionLog, WireTrace
     from ..net.unix_socket import UnixSocket
     from ..pooling.peer_pool import PeerPool
     from ..pooling.policies import Factories
@@ -79,9 +73,9 @@ class PoolerRecord:
         self.now = time.monotonic
         self.start_time = time.time()
         self.pools: dict[tuple[str, str], Pool] = {}
-        self.clients: set[ClientConnection] = set()
-        self.login_clients: set[ClientConnection] = set()
-        self.cancel_keys: dict[tuple[int, int], ClientConnection] = {}
+        self.clients: set[ClientRecord] = set()
+        self.login_clients: set[ClientRecord] = set()
+        self.cancel_keys: dict[tuple[int, int], ClientRecord] = {}
         # Cancels on their way to [peers] (peers.py); with `workers`, this one's number, how
         # many there are and their parent (set by cli.serve before start).
         self.peer_pools: dict[int, PeerPool] = {}
@@ -112,7 +106,7 @@ class PoolerRecord:
         self.janitor_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # Servers with writes deferred to the end of this round (net/deferred_writes.py).
-        self.to_flush: list[ServerConnection] = []
+        self.to_flush: list[ServerRecord] = []
         # The operator's switches (admin console, SIGUSR1/2): PAUSE of everything or of some
         # databases, DISABLE; databases gone from the config whose clients are still here.
         self.paused_all = False
@@ -218,22 +212,22 @@ class PoolerRecord:
         raise NotImplementedError
 
     def open_server(self, pool: Pool, entry: DatabaseEntry,
-                    startup: dict[str, str]) -> ServerConnection:
+                    startup: dict[str, str]) -> ServerRecord:
         raise NotImplementedError
 
-    def server_closed(self, server: ServerConnection, reason: str) -> None:
+    def server_closed(self, server: ServerRecord, reason: str) -> None:
         raise NotImplementedError
 
-    def close_server(self, server: ServerConnection, reason: str) -> None:
+    def close_server(self, server: ServerRecord, reason: str) -> None:
         raise NotImplementedError
 
-    def enter_pool(self, client: ClientConnection) -> Pool:
+    def enter_pool(self, client: ClientRecord) -> Pool:
         raise NotImplementedError
 
     def login_failing(self, pool: Pool) -> PoolerError | None:
         raise NotImplementedError
 
-    def client_closed(self, client: ClientConnection, reason: str) -> None:
+    def client_closed(self, client: ClientRecord, reason: str) -> None:
         raise NotImplementedError
 
     def cancel_here(self, pid: int, secret: int) -> None:
@@ -251,43 +245,43 @@ class PoolerRecord:
     def exit_now(self) -> None:
         raise NotImplementedError
 
-    # --- the calls net/ makes into the pooler (net/port.py's PoolerPort) -------------------
+    # --- the calls net/ makes into the pooler (net/records.py's PoolerPort) ----------------
     # Declared so that a part can hand the pooler to a connection.
 
-    def client_connected(self, client: ClientConnection) -> None:
+    def client_connected(self, client: ClientRecord) -> None:
         raise NotImplementedError
 
     def forward_cancel(self, pid: int, secret: int) -> None:
         raise NotImplementedError
 
-    def begin_authentication(self, client: ClientConnection) -> None:
+    def begin_authentication(self, client: ClientRecord) -> None:
         raise NotImplementedError
 
-    def client_authenticated(self, client: ClientConnection, scram_key: bytes | None) -> None:
+    def client_authenticated(self, client: ClientRecord, scram_key: bytes | None) -> None:
         raise NotImplementedError
 
-    def request_server(self, client: ClientConnection) -> None:
+    def request_server(self, client: ClientRecord) -> None:
         raise NotImplementedError
 
-    def session_changed(self, client: ClientConnection) -> None:
+    def session_changed(self, client: ClientRecord) -> None:
         raise NotImplementedError
 
-    def pipeline(self, server: ServerConnection) -> None:
+    def pipeline(self, server: ServerRecord) -> None:
         raise NotImplementedError
 
-    def ready_for_query(self, client: ClientConnection, status: int) -> None:
+    def ready_for_query(self, client: ClientRecord, status: int) -> None:
         raise NotImplementedError
 
-    def parameters_applied(self, server: ServerConnection, client: ClientConnection) -> None:
+    def parameters_applied(self, server: ServerRecord, client: ClientRecord) -> None:
         raise NotImplementedError
 
-    def parameters_failed(self, server: ServerConnection, client: ClientConnection,
+    def parameters_failed(self, server: ServerRecord, client: ClientRecord,
                           fields: dict[str, str]) -> None:
         raise NotImplementedError
 
-    def check_failed(self, server: ServerConnection, client: ClientConnection | None,
+    def check_failed(self, server: ServerRecord, client: ClientRecord | None,
                      why: str) -> None:
         raise NotImplementedError
 
-    def server_logged_in(self, server: ServerConnection) -> None:
+    def server_logged_in(self, server: ServerRecord) -> None:
         raise NotImplementedError

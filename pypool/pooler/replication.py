@@ -45,8 +45,7 @@ from ..protocol.errors import PoolerError
 from .replication_state import Replication
 
 if TYPE_CHECKING:
-    from ..net.client import ClientConnection
-    from ..net.server import ServerConnection
+    from ..net.records import ClientRecord, ServerRecord
     from ..pooling.pool import Pool
     from ..settings import DatabaseEntry
     from .record import PoolerRecord as Pooler
@@ -59,23 +58,23 @@ EVICTED = "evicted"
 LOGIN_FAILED = "login failed"
 
 
-def kind_of(client: ClientConnection) -> str:
+def kind_of(client: ClientRecord) -> str:
     return rep.kind_or_none(client.startup_params)
 
 
-def is_dedicated(server: ServerConnection) -> bool:
+def is_dedicated(server: ServerRecord) -> bool:
     """Whether `server` was opened for one replication client (never pooled)."""
     return "replication" in server.startup_params
 
 
-def wants_own_server(client: ClientConnection) -> bool:
+def wants_own_server(client: ClientRecord) -> bool:
     return client.admin is None and kind_of(client) != rep.NONE
 
 
 # --- a replication client arrives and waits for room ----------------------------------------
 
 
-def client_authenticated(pooler: Pooler, client: ClientConnection, pool: Pool) -> None:
+def client_authenticated(pooler: Pooler, client: ClientRecord, pool: Pool) -> None:
     """Queue the client for a dedicated server (its welcome waits for that server)."""
     queue = pooler.replication.queues.setdefault(pool, deque())
     queue.append(client)
@@ -126,7 +125,7 @@ def launch(pooler: Pooler, pool: Pool) -> None:
     state.queues.pop(pool, None)
 
 
-def claim_freed(pooler: Pooler, pool: Pool, server: ServerConnection) -> bool:
+def claim_freed(pooler: Pooler, pool: Pool, server: ServerRecord) -> bool:
     """A server of the pool is free while replication clients wait for room: when the oldest
     of them came before the oldest ordinary waiter, the server is closed to make that room
     (as PgBouncer hands no server past a replication client at the head of its queue), and
@@ -170,7 +169,7 @@ def _evict(pooler: Pooler, pool: Pool, entry: DatabaseEntry) -> bool:
 
 
 def _open_for(pooler: Pooler, pool: Pool, entry: DatabaseEntry,
-              client: ClientConnection) -> None:
+              client: ClientRecord) -> None:
     kind = kind_of(client)
     log.debug("%r: opening a %s replication connection", client, kind)
     startup = rep.server_startup(kind, client.startup_params, client.params,
@@ -184,7 +183,7 @@ def _open_for(pooler: Pooler, pool: Pool, entry: DatabaseEntry,
 # --- the dedicated server's login ---------------------------------------------------------
 
 
-def server_logged_in(pooler: Pooler, server: ServerConnection) -> None:
+def server_logged_in(pooler: Pooler, server: ServerRecord) -> None:
     """The dedicated server is up: welcome its client and join the two."""
     state = pooler.replication
     client = state.pending.pop(server, None)
@@ -226,7 +225,7 @@ def server_logged_in(pooler: Pooler, server: ServerConnection) -> None:
     pooler.launch_servers(pool)
 
 
-def login_failed(pooler: Pooler, server: ServerConnection, text: str,
+def login_failed(pooler: Pooler, server: ServerRecord, text: str,
                  fields: dict[str, str]) -> None:
     """The dedicated server's connect or login failed (server_logins.login_failed has
     logged and counted it; `fields` are its error's): its client alone is told, "login
@@ -266,7 +265,7 @@ def _unjoin(state: Replication, pipe: ReplicationPipe) -> None:
     pipe.server.link(None)
 
 
-def client_closed(pooler: Pooler, client: ClientConnection) -> None:
+def client_closed(pooler: Pooler, client: ClientRecord) -> None:
     """The client is going (Pooler.client_closed, before it looks at the client's server):
     its dedicated server goes too, and is never handed on."""
     state = pooler.replication
@@ -291,7 +290,7 @@ def client_closed(pooler: Pooler, client: ClientConnection) -> None:
     pipe.close_server()  # the client's transport is closed by whoever closes the client
 
 
-def server_closed(pooler: Pooler, server: ServerConnection, reason: str) -> None:
+def server_closed(pooler: Pooler, server: ServerRecord, reason: str) -> None:
     """The server is gone (Pooler.server_closed, before it fails the server's client): a
     joined client is closed after what the server sent; a client whose server could not
     even be connected to (a host list's next host is tried) waits for the next one."""

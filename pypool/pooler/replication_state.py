@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections import deque
 
-    from ..net.client import ClientConnection
+    from ..net.records import ClientRecord, ServerRecord
     from ..net.replication_pipe import ReplicationPipe
-    from ..net.server import ServerConnection
     from ..pooling.pool import Pool
 
 
@@ -23,10 +22,10 @@ class Replication:
 
     def __init__(self) -> None:
         # Authenticated replication clients waiting for room in their pool, oldest first.
-        self.queues: dict[Pool, deque[ClientConnection]] = {}
+        self.queues: dict[Pool, deque[ClientRecord]] = {}
         # Dedicated servers logging in, and the client each is for (and the other way).
-        self.pending: dict[ServerConnection, ClientConnection] = {}
-        self.pending_for: dict[ClientConnection, ServerConnection] = {}
+        self.pending: dict[ServerRecord, ClientRecord] = {}
+        self.pending_for: dict[ClientRecord, ServerRecord] = {}
         # Joined pairs, by either connection.
         self.pipes: dict[object, ReplicationPipe] = {}
 

@@ -19,7 +19,7 @@ from ..pooling import policies
 from ..pooling.policies import Factories
 
 if TYPE_CHECKING:
-    from ..net.server import ServerConnection
+    from ..net.records import ServerRecord
     from ..pooling.pool import Pool
     from ..settings import PoolerSettings
     from .record import PoolerRecord as Pooler
@@ -95,7 +95,7 @@ def _attach(pooler: Pooler, txlog: Any) -> None:
         server.txlog = None if txlog is None else txlog.tap(server)
 
 
-def _servers(pooler: Pooler) -> Iterator[ServerConnection]:
+def _servers(pooler: Pooler) -> Iterator[ServerRecord]:
     for pool in pooler.pools.values():
         yield from pool.idle
         yield from pool.active

@@ -5,7 +5,7 @@ failed login means for the pool's clients.
 min_pool_size and the reserve pool (the sans-IO Pool's `servers_wanted`), within
 max_db_connections and max_user_connections, evicting another pool's idle server when only
 those caps stand in the way (PgBouncer's launch_new_connection and evict_connection), and not
-before server_login_retry after a failed login. `open_server` makes the ServerConnection and
+before server_login_retry after a failed login. `open_server` makes the ServerRecord and
 `_connect` connects it and waits for its login (net/server_login.py, core/server_login.py).
 A login that fails (`login_failed`) is cached on the pool for server_login_retry; when the
 server refused it, the clients that waited for it get the server's own error, and so do those
@@ -36,6 +36,7 @@ from ..protocol.errors import PoolerError
 from . import linking, replication
 
 if TYPE_CHECKING:
+    from ..net.records import ServerRecord
     from ..pooling.pool import Pool
     from ..settings import DatabaseEntry
     from .record import PoolerRecord as Pooler
@@ -161,7 +162,7 @@ def entry_startup(pooler: Pooler, entry: DatabaseEntry) -> dict[str, str]:
 
 
 def open_server(pooler: Pooler, pool: Pool, entry: DatabaseEntry,
-                startup: dict[str, str]) -> ServerConnection:
+                startup: dict[str, str]) -> ServerRecord:
     """Open a server of `pool` that logs in with `startup`, counted from now on."""
     server = ServerConnection(
         pooler, pool, pooler.hosts.pick(entry), entry.port, entry.server_dbname,
@@ -174,7 +175,7 @@ def open_server(pooler: Pooler, pool: Pool, entry: DatabaseEntry,
     return server
 
 
-async def _connect(pooler: Pooler, server: ServerConnection, entry: DatabaseEntry) -> None:
+async def _connect(pooler: Pooler, server: ServerRecord, entry: DatabaseEntry) -> None:
     timeout = pooler.settings.pooler.server_connect_timeout or None
     try:
         async with asyncio.timeout(timeout):
@@ -199,7 +200,7 @@ async def _connect(pooler: Pooler, server: ServerConnection, entry: DatabaseEntr
                      f"{_connect_failure(failure)} ({reason})", unreachable=True)
 
 
-def login_failed(pooler: Pooler, server: ServerConnection, text: str, error: bytes,
+def login_failed(pooler: Pooler, server: ServerRecord, text: str, error: bytes,
                  closing: str = "", unreachable: bool = False) -> None:
     """A server's connect or login failed: the pool's clients are told (see below).
     `closing`: the server's "closing because" reason, when not `text` (a connect that
@@ -249,7 +250,7 @@ def login_failed(pooler: Pooler, server: ServerConnection, text: str, error: byt
             transport.close()
 
 
-def _log_failure(server: ServerConnection, text: str, fields: dict[str, str]) -> None:
+def _log_failure(server: ServerRecord, text: str, fields: dict[str, str]) -> None:
     """As PgBouncer logs a failed login: an error the server sent with its severity (FATAL
     database "x" does not exist); the pooler's own (08P01, 08006: connect, TLS, protocol)
     as they are. Counted in the pool's errors."""
@@ -259,7 +260,7 @@ def _log_failure(server: ServerConnection, text: str, fields: dict[str, str]) ->
     server.pool.stats.count_error("server_login_failed")
 
 
-def server_logged_in(pooler: Pooler, server: ServerConnection) -> None:
+def server_logged_in(pooler: Pooler, server: ServerRecord) -> None:
     if replication.is_dedicated(server):
         replication.server_logged_in(pooler, server)  # joined to its client, never pooled
         return

@@ -49,6 +49,7 @@ from . import replication
 from .takeover_state import Takeover
 
 if TYPE_CHECKING:
+    from ..net.records import ClientRecord
     from ..settings import Settings
     from .record import PoolerRecord as Pooler
 
@@ -296,7 +297,7 @@ def _stop_listening(pooler: Pooler) -> None:
     close(pooler, unlink=False)
 
 
-def _passable(client: ClientConnection) -> bool:
+def _passable(client: ClientRecord) -> bool:
     """Whether the client can go to the new process now: logged in, idle, holding no
     server, with nothing read that is not handled yet and nothing written still buffered
     here, no session state busy and no channel listened on."""
@@ -323,12 +324,12 @@ def _passable(client: ClientConnection) -> bool:
     )
 
 
-async def _suspend(pooler: Pooler) -> list[ClientConnection]:
+async def _suspend(pooler: Pooler) -> list[ClientRecord]:
     """Pause each client as it becomes passable, until all are (the console's sessions
     and TLS clients aside) or suspend_timeout has passed. The paused, in that order."""
     timeout = pooler.settings.pooler.suspend_timeout or 10.0
     deadline = pooler.now() + timeout
-    paused: dict[ClientConnection, None] = {}
+    paused: dict[ClientRecord, None] = {}
     while True:
         # Servers the old process no longer needs go now: the new one opens its own, and
         # the two together must not hold max_db_connections twice over.
@@ -353,7 +354,7 @@ async def _suspend(pooler: Pooler) -> list[ClientConnection]:
         await asyncio.sleep(0.05)
 
 
-def describe(client: ClientConnection) -> dict[str, Any]:
+def describe(client: ClientRecord) -> dict[str, Any]:
     """What the new process needs to serve `client` as it was (see `adopt`)."""
     state: dict[str, Any] = {
         "user": client.user,
@@ -376,7 +377,7 @@ def describe(client: ClientConnection) -> dict[str, Any]:
     return state
 
 
-def _detach(pooler: Pooler, client: ClientConnection) -> int:
+def _detach(pooler: Pooler, client: ClientRecord) -> int:
     """A duplicate of the client's socket, and the client gone from this process without a
     byte or a FIN sent (the connection lives on in the duplicate)."""
     transport = client.transport
@@ -529,7 +530,7 @@ async def adopt(pooler: Pooler, state: dict[str, Any], fd: int) -> bool:
     return client.state is not ClientState.CLOSED  # IDLE, or busy already with what it sent
 
 
-def _restore(pooler: Pooler, client: ClientConnection, state: dict[str, Any]) -> None:
+def _restore(pooler: Pooler, client: ClientRecord, state: dict[str, Any]) -> None:
     """The client's login, as `describe` carried it: from STARTUP to IDLE in one step."""
     try:
         client.user = str(state["user"])

@@ -32,14 +32,13 @@ from ..protocol.errors import PoolerError
 from . import lifecycle, linking, notifications, replication
 
 if TYPE_CHECKING:
-    from ..net.client import ClientConnection
-    from ..net.server import ServerConnection
+    from ..net.records import ClientRecord, ServerRecord
     from .record import PoolerRecord as Pooler
 
 log = logging.getLogger("pypool")
 
 
-def server_closed(pooler: Pooler, server: ServerConnection, reason: str) -> None:
+def server_closed(pooler: Pooler, server: ServerRecord, reason: str) -> None:
     """Forget a server that is gone; its client, if it had one, gets an error."""
     if server.state is ServerState.CLOSED:
         return
@@ -70,7 +69,7 @@ def server_closed(pooler: Pooler, server: ServerConnection, reason: str) -> None
     pooler.launch_servers(pool)
 
 
-def close_server(pooler: Pooler, server: ServerConnection, reason: str) -> None:
+def close_server(pooler: Pooler, server: ServerRecord, reason: str) -> None:
     """Close a server; an idle one is taken out of the idle stack first, so no client is
     handed a closing server before its connection_lost arrives."""
     if server.state is ServerState.IDLE:
@@ -78,7 +77,7 @@ def close_server(pooler: Pooler, server: ServerConnection, reason: str) -> None:
     server.close(reason)
 
 
-def client_closed(pooler: Pooler, client: ClientConnection, reason: str) -> None:
+def client_closed(pooler: Pooler, client: ClientRecord, reason: str) -> None:
     if client.state is ClientState.CLOSED:
         return
     if pooler.txlog is not None:

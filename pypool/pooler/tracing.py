@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING
 from . import research
 
 if TYPE_CHECKING:
-    from ..net.client import ClientConnection
-    from ..net.hooks import WireTrace
+    from ..net.records import ClientRecord, WireTrace
     from ..settings import PoolerSettings
     from .record import PoolerRecord as Pooler
 
@@ -58,7 +57,7 @@ def switch(pooler: Pooler, target: str, on: bool) -> int:
     return sum(1 for client in pooler.clients if client.trace is not None)
 
 
-def named(pooler: Pooler, client: ClientConnection) -> None:
+def named(pooler: Pooler, client: ClientRecord) -> None:
     """The client's startup packet is in: its application_name may be one traced."""
     trace = pooler.wire_trace
     if trace is not None and client.trace is None and trace.filter.wants(client):

@@ -32,13 +32,13 @@ from ..protocol.errors import PoolerError
 from . import linking, notifications
 
 if TYPE_CHECKING:
-    from ..net.client import ClientConnection
+    from ..net.records import ClientRecord
     from .record import PoolerRecord as Pooler
 
 log = logging.getLogger("pypool.client")
 
 
-def ready_for_query(pooler: Pooler, client: ClientConnection, status: int) -> None:
+def ready_for_query(pooler: Pooler, client: ClientRecord, status: int) -> None:
     """A ReadyForQuery with transaction `status` was forwarded to `client`: release its
     server, keep it, or close it, as its link's table says (core/link.py)."""
     client.tx_status = status
@@ -83,7 +83,7 @@ def ready_for_query(pooler: Pooler, client: ClientConnection, status: int) -> No
         client.fail(PoolerError("transaction blocks not allowed in statement pooling mode"))
 
 
-def _close_reason(client: ClientConnection, event: int, queued: int) -> str:
+def _close_reason(client: ClientRecord, event: int, queued: int) -> str:
     """Why a ReadyForQuery closes the client's server (READY_DOUBT, READY_OPEN)."""
     if event == LinkEvent.READY_OPEN:
         return "transaction still open where the pipeline expected none"
@@ -95,7 +95,7 @@ def _close_reason(client: ClientConnection, event: int, queued: int) -> str:
     return "reply bookkeeping in doubt: ledger and queue disagree"
 
 
-def session_changed(pooler: Pooler, client: ClientConnection) -> None:
+def session_changed(pooler: Pooler, client: ClientRecord) -> None:
     """The client's request reader saw statements that change session state: refused
     ones are counted and logged; the others are told to the client's record."""
     reader = client.reader
@@ -118,7 +118,7 @@ def session_changed(pooler: Pooler, client: ClientConnection) -> None:
         reader.changes.clear()
 
 
-def _pinned(client: ClientConnection, session: ss.ClientSession) -> None:
+def _pinned(client: ClientRecord, session: ss.ClientSession) -> None:
     """The client keeps its server after its transaction: say so the first time (not for
     a shared LISTEN's bridge alone: pooler/notifications.py)."""
     if session.noticed or (session.shared_listen

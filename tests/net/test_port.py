@@ -1,4 +1,4 @@
-"""net/port.py: PoolerPort lists exactly what net/ reads and calls on the running pooler."""
+"""net/records.py: PoolerPort lists exactly what net/ reads and calls on the running pooler."""
 
 import ast
 from pathlib import Path
@@ -6,10 +6,13 @@ from pathlib import Path
 NET = Path(__file__).resolve().parent.parent.parent / "pypool" / "net"
 
 
-def _port_members() -> set[str]:
-    tree = ast.parse((NET / "port.py").read_text())
-    port = next(node for node in tree.body
+def _port_class(tree: ast.Module) -> ast.ClassDef:
+    return next(node for node in tree.body
                 if isinstance(node, ast.ClassDef) and node.name == "PoolerPort")
+
+
+def _port_members() -> set[str]:
+    port = _port_class(ast.parse((NET / "records.py").read_text()))
     fields = {node.target.id for node in port.body
               if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
     methods = {node.name for node in port.body if isinstance(node, ast.FunctionDef)}
@@ -27,9 +30,7 @@ def _is_the_pooler(node: ast.expr) -> bool:
 
 def _used_by_net() -> set[str]:
     used: set[str] = set()
-    for path in NET.glob("*.py"):
-        if path.name == "port.py":
-            continue
+    for path in NET.glob("*.py"):  # records.py too: the records read the pooler's fields
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and _is_the_pooler(node.value):
                 used.add(node.attr)

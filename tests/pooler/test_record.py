@@ -44,7 +44,7 @@ def _used_by_the_parts() -> set[str]:
 
 
 def test_the_declared_calls_are_exactly_those_made() -> None:
-    port = set(_methods(NET / "port.py", "PoolerPort"))
+    port = set(_methods(NET / "records.py", "PoolerPort"))
     defined = set(_methods(POOLER / "record.py", "PoolerRecord")) - _declared()
     wanted = (_used_by_the_parts() | port) - defined - _fields()
     assert _declared() == wanted

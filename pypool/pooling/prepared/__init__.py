@@ -98,7 +98,7 @@ statement is closed (CloseComplete swallowed), unless it was used in the current
 One Parse and one Bind, file by file
 ------------------------------------
 A client logs in: net/client_login.py gives it a ClientStatements (registry.py). Each server
-gets a ServerStatements (rewriter.py; net/server_record.py makes it), which builds its
+gets a ServerStatements (rewriter.py; net/records.py makes it), which builds its
 RequestQueue, ServerCache, SqlNames and GuardStatement. When the pooler links the two,
 `ServerStatements.attach(client)` bumps the cache's `epoch` (statements used from now on
 are not evicted in this link) and returns the hidden PREPAREs of the client's SQL-level
