@@ -38,8 +38,9 @@ ZERO: Totals = (0,) * len(COUNTERS)
 
 _ASSIGNMENTS, _XACTS, _QUERIES = 0, 1, 2
 _XACT_TIME, _QUERY_TIME, _WAIT_TIME = 5, 6, 7
-# Averaged as "per second"; the three times are averaged per event instead.
-_RATES = (0, 1, 2, 3, 4, 8, 9, 10, 11)
+# Averaged as "per second"; the three times are averaged per event instead. Derived, so a
+# counter added to COUNTERS is averaged without a second edit here.
+_RATES = tuple(i for i in range(len(COUNTERS)) if i not in (_XACT_TIME, _QUERY_TIME, _WAIT_TIME))
 
 
 def totals(stats: Any) -> Totals:
