@@ -27,7 +27,8 @@ from ..core.client_login import Authenticated, FirstPacket, Proxied, StartTls, S
 from ..core.exchange import advance
 from ..core.states import ClientEvent, ClientState
 from ..pooling import prepared
-from ..pooling.params import TRACKED, canonical_name, same_encoding
+from ..pooling import session_state as ss
+from ..pooling.params import TRACKED, canonical_name, reported, same_encoding, unreported
 from ..protocol import errors, replication
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
@@ -289,6 +290,14 @@ class ClientLogin(ClientLoginSteps):
         client = self.client
         params = client.params
         cfg = client.pooler.settings.pooler
+        pool = client.pool
+        follow = (pool is not None and client.admin is None
+                  and pool.limits.pool_mode == "transaction"
+                  and pool.limits.session_state == "follow")
+        follows = _followed(cfg.track_extra_parameters,
+                            reported(server_params, cfg.track_extra_parameters))
+        if send and not self._place_unreported(server_params, follows if follow else None):
+            return
         encoding = params.get("client_encoding")
         server_encoding = server_params.get("client_encoding")
         if encoding and server_encoding and same_encoding(encoding, server_encoding):
@@ -301,7 +310,6 @@ class ClientLogin(ClientLoginSteps):
         reader = client.reader
         reader.admin = client.admin is not None
         final, self._final = self._final, b""
-        pool = client.pool
         if send:
             pooler_statuses = (b"" if pool is None or client.admin is not None else
                                _pooler_statuses(pool.limits.pool_mode,
@@ -322,8 +330,35 @@ class ClientLogin(ClientLoginSteps):
             if policy == "reject":
                 reader.reject = "transaction"
             elif policy == "follow":
-                client.follows = _followed(cfg.track_extra_parameters)
+                client.follows = follows
         outbox.carry_on(client)
+
+    def _place_unreported(self, server_params: dict[str, str],
+                          follows: frozenset[bytes] | None) -> bool:
+        """Startup values of parameters the pool tracks only where its server reports them
+        (pooling/params.py), when it does not: made by the client's session-state record
+        where one follows it (`follows` not None), else dropped if ignore_startup_parameters
+        lists them, else refused as untracked startup parameters always were. False when
+        the client was refused."""
+        client = self.client
+        params = client.params
+        cfg = client.pooler.settings.pooler
+        names = unreported(params, server_params, cfg.track_extra_parameters)
+        if not names:
+            return True
+        if follows is not None:
+            session = client.session = ss.ClientSession(follows)
+            for name in names:
+                key = name.encode()
+                session.sets[key] = ss.set_config_statement(key, params.pop(name).encode())
+            return True
+        ignored = {name.lower() for name in cfg.ignore_startup_parameters}
+        for name in names:
+            if name not in ignored:
+                client.fail(PoolerError(f"unsupported startup parameter: {name}"))
+                return False
+            del params[name]
+        return True
 
 
 # --- what every login shares --------------------------------------------------------------
@@ -389,6 +424,7 @@ def _welcome_parameters(server_params: dict[str, str], params: dict[str, str],
 
 
 @functools.lru_cache(maxsize=16)
-def _followed(track_extra: tuple[str, ...]) -> frozenset[bytes]:
-    """The reported parameters, lower case, that session_state = follow leaves alone."""
-    return frozenset(name.lower().encode() for name in (*TRACKED, *track_extra))
+def _followed(track_extra: tuple[str, ...], reported: tuple[str, ...]) -> frozenset[bytes]:
+    """The reported parameters, lower case, that session_state = follow leaves alone: the
+    tracked ones, and those of TRACKED_WHERE_REPORTED the server reports (`reported`)."""
+    return frozenset(name.lower().encode() for name in (*TRACKED, *track_extra, *reported))

@@ -5,6 +5,13 @@ client can see change through ParameterStatus (client_encoding, DateStyle, TimeZ
 IntervalStyle, standard_conforming_strings, application_name, plus track_extra_parameters)
 are remembered per client; when a client lands on a server whose values differ, the pooler
 first sends SET for the difference and hides the replies.
+
+As PgBouncer 1.26 does, the other writable parameters PostgreSQL reports are tracked by
+default too (TRACKED_WHERE_REPORTED), but only where the pool's server reports them: a value
+the server does not report could change unseen (a client's own SET) and reach the next
+client. Where it does not, a client's startup value of one is `unreported`: it goes to the
+client's session-state record instead (pooling/session_state/), or is refused where no
+record follows the client (net/client_login.py).
 """
 
 from __future__ import annotations
@@ -18,8 +25,16 @@ TRACKED = (
     "application_name",
 )
 
+# Reported by PostgreSQL 14 (default_transaction_read_only), 16 (scram_iterations) and 18
+# (search_path); tracked by default where the server reports them.
+TRACKED_WHERE_REPORTED = (
+    "default_transaction_read_only",
+    "search_path",
+    "scram_iterations",
+)
+
 # Startup parameters are case-insensitive; ParameterStatus uses these spellings.
-_CANONICAL = {name.lower(): name for name in TRACKED}
+_CANONICAL = {name.lower(): name for name in (*TRACKED, *TRACKED_WHERE_REPORTED)}
 
 
 def canonical_name(name: str, extra: tuple[str, ...] = ()) -> str | None:
@@ -31,6 +46,23 @@ def canonical_name(name: str, extra: tuple[str, ...] = ()) -> str | None:
         if candidate.lower() == lowered:
             return candidate
     return None
+
+
+def reported(server_params: dict[str, str], track_extra: tuple[str, ...]) -> tuple[str, ...]:
+    """The TRACKED_WHERE_REPORTED names a pool tracks: those its server reports, and those
+    track_extra_parameters lists (tracked as PgBouncer does, reported or not)."""
+    extra = {name.lower() for name in track_extra}
+    return tuple(name for name in TRACKED_WHERE_REPORTED
+                 if name in server_params or name in extra)
+
+
+def unreported(params: dict[str, str], server_params: dict[str, str],
+               track_extra: tuple[str, ...]) -> list[str]:
+    """The names in a client's `params` (its startup values) that the pool cannot track as
+    reported parameters: TRACKED_WHERE_REPORTED names its server does not report."""
+    tracked = reported(server_params, track_extra)
+    return [name for name in params
+            if name in TRACKED_WHERE_REPORTED and name not in tracked]
 
 
 def same_encoding(a: str, b: str) -> bool:

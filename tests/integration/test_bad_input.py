@@ -203,10 +203,10 @@ def test_protocol_3_1_gets_negotiate_protocol_version(pooler: Callable) -> None:
 def test_unsupported_startup_parameter_is_fatal(pooler: Callable) -> None:
     p = pooler(TRUST)
     with RawClient(p.host, p.port) as raw:
-        login = raw.login("app", "app", search_path="public")
+        login = raw.login("app", "app", work_mem="64MB")
     assert login.error is not None
     assert login.error["S"] == "FATAL"
-    assert login.error["M"] == "unsupported startup parameter: search_path"
+    assert login.error["M"] == "unsupported startup parameter: work_mem"
 
 
 def test_ignored_startup_parameter_is_accepted(pooler: Callable) -> None:

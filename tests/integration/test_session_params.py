@@ -214,3 +214,92 @@ def test_another_spelling_of_the_servers_value_is_set_once(pooler) -> None:
     assert log.count("varcache_apply: SET DateStyle='ISO'") == 1, log
     assert log.count("varcache_set_canonical: setting DateStyle to its canonical version "
                      "ISO -> ISO, MDY") == 1, log
+
+
+# --- PgBouncer 1.26: the writable reported parameters, tracked by default ----------------
+# PostgreSQL 14+ reports default_transaction_read_only; search_path only from 18. Where the
+# server reports one it is tracked as a reported parameter; where it does not, a startup
+# value of it follows its client through the session-state record (pooling/params.py).
+
+
+def _server_reports(postgres, name: str) -> bool:
+    with psycopg.connect(postgres.dsn("app", "app", "app-secret")) as conn:
+        return conn.info.parameter_status(name) is not None
+
+
+@pytest.mark.timeout(30)
+def test_default_transaction_read_only_does_not_leak(postgres, pooler, app_table) -> None:
+    """A client's SET default_transaction_read_only = on stays its own: the next client on
+    the same server writes, and the first stays read-only on every transaction."""
+    assert _server_reports(postgres, "default_transaction_read_only")
+    p = pooler(ini_overrides={"default_pool_size": "1"})
+    with connect(p.dsn()) as a, connect(p.dsn()) as b:
+        a.execute("SET default_transaction_read_only = on")
+        for n in range(3):
+            pid_a = a.execute("SELECT pg_backend_pid()").fetchone()[0]
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                a.execute(f"INSERT INTO {app_table} VALUES (0)")
+            b.execute(f"INSERT INTO {app_table} VALUES ({n})")
+            assert b.execute("SELECT pg_backend_pid()").fetchone()[0] == pid_a
+            assert b.execute("SHOW default_transaction_read_only").fetchone()[0] == "off"
+            assert a.execute("SHOW default_transaction_read_only").fetchone()[0] == "on"
+        assert a.info.parameter_status("default_transaction_read_only") == "on"
+        assert b.info.parameter_status("default_transaction_read_only") == "off"
+        assert b.execute(f"SELECT count(*) FROM {app_table}").fetchone()[0] == 3
+
+
+@pytest.mark.timeout(30)
+def test_startup_default_transaction_read_only_is_tracked(postgres, pooler) -> None:
+    """In the startup packet (options -c), as PgBouncer 1.26 takes it by default."""
+    p = pooler(ini_overrides={"default_pool_size": "1"})
+    with connect(p.dsn(), options="-c default_transaction_read_only=on") as a, \
+            connect(p.dsn()) as b:
+        for _ in range(2):
+            assert a.execute("SHOW default_transaction_read_only").fetchone()[0] == "on"
+            assert b.execute("SHOW default_transaction_read_only").fetchone()[0] == "off"
+        assert a.info.parameter_status("default_transaction_read_only") == "on"
+
+
+@pytest.mark.timeout(30)
+def test_startup_search_path_follows_its_client(postgres, pooler) -> None:
+    """search_path in the startup packet, where the server does not report it (before
+    PostgreSQL 18): the client has it on every transaction, the next client on the same
+    server has the default, and no ParameterStatus claims a value the server never sent."""
+    with psycopg.connect(postgres.dsn("app", "app", "app-secret")) as direct:
+        default = direct.execute("SHOW search_path").fetchone()[0]
+        reported = direct.info.parameter_status("search_path") is not None
+    with psycopg.connect(postgres.dsn("app", "app", "app-secret"),
+                         options="-c search_path=pg_catalog,public") as direct:
+        asked = direct.execute("SHOW search_path").fetchone()[0]  # as PostgreSQL shows it
+    p = pooler(ini_overrides={"default_pool_size": "1"})
+    with connect(p.dsn(), options="-c search_path=pg_catalog,public") as a, \
+            connect(p.dsn()) as b:
+        for _ in range(3):
+            pid_a = a.execute("SELECT pg_backend_pid()").fetchone()[0]
+            assert a.execute("SHOW search_path").fetchone()[0] == asked
+            assert b.execute("SHOW search_path").fetchone()[0] == default
+            assert b.execute("SELECT pg_backend_pid()").fetchone()[0] == pid_a
+        if not reported:
+            assert a.info.parameter_status("search_path") is None
+        a.execute("SET search_path = public")  # the client's own SET replaces it
+        assert a.execute("SHOW search_path").fetchone()[0] == "public"
+        assert b.execute("SHOW search_path").fetchone()[0] == default
+        assert a.execute("SHOW search_path").fetchone()[0] == "public"
+
+
+@pytest.mark.timeout(30)
+def test_startup_search_path_where_no_record_follows(postgres, pooler) -> None:
+    """Session mode (or session_state = ignore) keeps no record: an unreported search_path
+    in the startup packet is refused as before, or dropped when ignore_startup_parameters
+    lists it; reported, it would be tracked."""
+    with psycopg.connect(postgres.dsn("app", "app", "app-secret")) as direct:
+        if direct.info.parameter_status("search_path") is not None:
+            pytest.skip("this PostgreSQL reports search_path: it is tracked")
+    p = pooler(ini_overrides={"session_state": "ignore"})
+    with pytest.raises(psycopg.OperationalError) as info:
+        connect(p.dsn(), options="-c search_path=public")
+    assert "unsupported startup parameter: search_path" in str(info.value)
+    p2 = pooler(ini_overrides={"session_state": "ignore",
+                               "ignore_startup_parameters": "search_path"})
+    with connect(p2.dsn(), options="-c search_path=pg_catalog") as conn:
+        assert conn.execute("SELECT 1").fetchone()[0] == 1

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from pypool.pooling.params import canonical_name, same_encoding, set_statements
+from pypool.pooling.params import (
+    canonical_name,
+    reported,
+    same_encoding,
+    set_statements,
+    unreported,
+)
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -45,5 +51,23 @@ def test_set_statements_quote_backslashes_and_keep_lists() -> None:
 
 def test_canonical_names() -> None:
     assert canonical_name("datestyle") == "DateStyle"
-    assert canonical_name("search_path") is None
-    assert canonical_name("Search_Path", ("search_path",)) == "search_path"
+    assert canonical_name("geqo") is None
+    assert canonical_name("Geqo", ("geqo",)) == "geqo"
+    # PgBouncer 1.26's defaults: taken at startup, tracked where the server reports them.
+    assert canonical_name("Search_Path") == "search_path"
+    assert canonical_name("DEFAULT_TRANSACTION_READ_ONLY") == "default_transaction_read_only"
+
+
+def test_tracked_where_the_server_reports_them() -> None:
+    """PostgreSQL 15 reports default_transaction_read_only, not search_path: a startup
+    search_path is unreported there (unless track_extra_parameters lists it), and nothing
+    of the five always-tracked parameters ever is."""
+    pg15 = {"default_transaction_read_only": "off", "TimeZone": "UTC"}
+    assert reported(pg15, ()) == ("default_transaction_read_only",)
+    assert reported(pg15, ("Search_Path",)) == ("default_transaction_read_only", "search_path")
+    params = {"search_path": "a", "default_transaction_read_only": "on", "TimeZone": "UTC",
+              "scram_iterations": "4096"}
+    assert unreported(params, pg15, ()) == ["search_path", "scram_iterations"]
+    assert unreported(params, pg15, ("search_path",)) == ["scram_iterations"]
+    pg18 = {**pg15, "search_path": '"$user", public', "scram_iterations": "4096"}
+    assert unreported(params, pg18, ()) == []

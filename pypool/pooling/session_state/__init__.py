@@ -80,6 +80,7 @@ from .statements import (
     candidate,
     classify,
     look,
+    set_config_statement,
 )
 from .tokenizer import (
     single,
@@ -95,6 +96,7 @@ __all__ = [
     "ROLLBACK_TO", "SESSION_AUTHORIZATION", "SESSION_SETTINGS", "SET", "TEMP_TABLE",
     "UNLISTEN", "UNLISTEN_ALL", "UNLOCK", "UNLOCK_ALL", "UNTRACKABLE", "ClientSession",
     "Command", "candidate", "classify", "label", "look", "quote_ident", "refusal",
-    "refusal_message", "refused_message", "single", "skip_space", "statement_end",
+    "refusal_message", "refused_message", "set_config_statement", "single", "skip_space",
+    "statement_end",
     "sync_statements", "tokens", "undo",
 ]

@@ -283,11 +283,17 @@ def _calls(text: bytes, pos: int) -> list[Command]:
         if args is None:
             found.append(Command(UNTRACKABLE, b"set_config"))
         elif args[2] == b"false":
-            name, value = args[0].lower(), args[1]
-            replay = (b"SELECT pg_catalog.set_config(" + _literal(name) + b", "
-                      + _literal(value) + b", false)")
-            found.append(Command(SET, name, replay))
+            name = args[0].lower()
+            found.append(Command(SET, name, set_config_statement(name, args[1])))
     return found
+
+
+def set_config_statement(name: bytes, value: bytes) -> bytes:
+    """The statement that makes setting `name` (lower case) `value` for the session, as a
+    startup packet would: how a set_config call, and a startup parameter the server does not
+    report, are replayed."""
+    return (b"SELECT pg_catalog.set_config(" + _literal(name) + b", " + _literal(value)
+            + b", false)")
 
 
 def _literal_args(text: bytes, pos: int, end: int) -> tuple[bytes, bytes, bytes] | None:
