@@ -3,11 +3,18 @@
 When one side's socket buffer fills (asyncio calls its `pause_writing`), the pooler stops
 reading the other side until it drains (`resume_writing`), so a slow reader makes
 PostgreSQL wait instead of making the pooler buffer a whole result.
+
+A connection not read cannot be seen to close: `departed` asks the kernel, for those whose
+reading is paused, whether the peer has shut its side (POLLRDHUP, as PostgreSQL's
+client_connection_check_interval asks), so that the janitor can let them go.
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
+from collections.abc import Iterable
+from typing import TypeVar
 
 
 class ReadingSwitch(asyncio.BaseProtocol):
@@ -27,3 +34,28 @@ class ReadingSwitch(asyncio.BaseProtocol):
         if self._reading_paused and self.transport is not None:
             self._reading_paused = False
             self.transport.resume_reading()
+
+
+_GONE = select.POLLRDHUP | select.POLLHUP | select.POLLERR
+Switch = TypeVar("Switch", bound=ReadingSwitch)
+
+
+def departed(connections: Iterable[Switch]) -> list[Switch]:
+    """Of `connections`, those whose reading is paused and whose peer has closed (or shut
+    down its sending side): one poll(2) over them, never blocking. What they sent and was
+    not read yet is never read: a peer that closed awaits no answer."""
+    polled: dict[int, Switch] = {}
+    for connection in connections:
+        transport = connection.transport
+        if not connection._reading_paused or transport is None:
+            continue
+        sock = transport.get_extra_info("socket")
+        fd = sock.fileno() if sock is not None else -1
+        if fd >= 0:
+            polled[fd] = connection
+    if not polled:
+        return []
+    poller = select.poll()
+    for fd in polled:
+        poller.register(fd, _GONE)
+    return [polled[fd] for fd, events in poller.poll(0) if events & _GONE]

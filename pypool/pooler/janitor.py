@@ -2,7 +2,9 @@
 
 Every JANITOR_PERIOD, `sweep` enforces the timeouts (client_login_timeout,
 query_wait_timeout and query_wait_notify, query_timeout, idle_transaction_timeout,
-transaction_timeout, client_idle_timeout), closes servers past server_idle_timeout or
+transaction_timeout, client_idle_timeout), lets go the clients that left while they were
+not read (back-pressure hides their close: net/flow_control.departed), closes servers past
+server_idle_timeout or
 server_lifetime down to min_pool_size, opens the servers the pools want, and forgets the
 pools of removed databases once their last client has left. Every stats_period,
 `run_stats_period` snapshots the counters for SHOW STATS and logs the "stats:" line.
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Final
 
 from ..core.states import ClientState
 from ..net import pipeline
+from ..net.flow_control import departed
 from ..pooling.stats import stats_line
 from ..protocol import errors
 from ..protocol import messages as m
@@ -52,6 +55,8 @@ def sweep(pooler: Pooler) -> None:
     """Enforce the timeouts and keep the pools at their sizes."""
     cfg = pooler.settings.pooler
     now = pooler.now()
+    for client in departed([*pooler.login_clients, *pooler.clients]):
+        client.close("client closed the connection")
     if cfg.client_login_timeout:
         for client in list(pooler.login_clients):
             if now - client.connect_time > cfg.client_login_timeout:

@@ -78,8 +78,10 @@ class Canary:
 
 
 def _quit(p) -> None:
-    """SIGQUIT: exit now (a client whose reads are paused is seen to leave only when they
-    resume, and SIGTERM waits for every client)."""
+    """SIGQUIT: exit now. SIGTERM would wait for every client, and the flooding one's close
+    never reaches the pooler while it is not read: the client's FIN waits in its own full
+    send buffer behind the bytes the pooler's zero window refuses (TCP; PgBouncer is in the
+    same place). A client whose FIN does arrive is let go: test_a_client_that_leaves_..."""
     p.proc.send_signal(signal.SIGQUIT)
     assert p.proc.wait(10) == 0
 
@@ -101,9 +103,8 @@ def _bounded(p, flood: Callable[[], int], grown_mib: float = 48) -> tuple[int, C
     return sent, canary
 
 
-def test_a_client_whose_login_waits_for_a_server_stops_being_read(pooler, postgres):
-    """Its pool's server accepts TCP and never answers: the client is welcomed only once a
-    server is, and what it sends meanwhile is read up to a point, then not at all."""
+def _silent_server() -> tuple[socket.socket, list[socket.socket]]:
+    """A server that accepts TCP and never answers, and the connections it accepted."""
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(16)
@@ -117,6 +118,13 @@ def test_a_client_whose_login_waits_for_a_server_stops_being_read(pooler, postgr
             pass
 
     threading.Thread(target=accept, daemon=True).start()
+    return silent, accepted
+
+
+def test_a_client_whose_login_waits_for_a_server_stops_being_read(pooler, postgres):
+    """Its pool's server accepts TCP and never answers: the client is welcomed only once a
+    server is, and what it sends meanwhile is read up to a point, then not at all."""
+    silent, accepted = _silent_server()
     p = pooler({"auth_type": "trust", "server_connect_timeout": "30",
                 "server_login_retry": "30"}, databases={
         "silent": f"host=127.0.0.1 port={silent.getsockname()[1]} dbname=x",
@@ -128,11 +136,46 @@ def test_a_client_whose_login_waits_for_a_server_stops_being_read(pooler, postgr
         sent, _ = _bounded(p, lambda: _flood(client.sock, query * 2048, 2.5, 512 * MiB))
         assert sent < 64 * MiB, f"the pooler read {sent / MiB:.0f} MiB it could not send"
         client.close()
-        _quit(p)  # SIGTERM would wait for the unread client, whose close it cannot see yet
+        _quit(p)
     finally:
         silent.close()
         for sock in accepted:
             sock.close()
+
+
+def test_a_client_that_leaves_while_not_read_is_let_go(pooler, postgres):
+    """A client waiting at login sends past the high-water mark (so the pooler stops reading
+    it) and closes: its FIN reaches the pooler's socket, unread; the janitor's poll sees it
+    (POLLRDHUP), the client is closed at once, and SIGTERM, which waits for every client,
+    ends the process without waiting for a login that would never come."""
+    silent, accepted = _silent_server()
+    p = pooler({"auth_type": "trust", "server_connect_timeout": "30",
+                "server_login_retry": "30"}, databases={
+        "silent": f"host=127.0.0.1 port={silent.getsockname()[1]} dbname=x"})
+    try:
+        client = RawClient(p.host, p.port, timeout=10)
+        client.send_startup({"user": "app", "database": "silent"})
+        query = m.query("SELECT 1")
+        client.send(query * ((1 << 20) // len(query) + 4096))  # 1 MiB and some 60 KiB
+        time.sleep(0.5)
+        client.sock.close()
+        assert _wait(lambda: "closing because: client closed the connection" in p.log(), 5), \
+            p.log()
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.proc.wait(10) == 0
+    finally:
+        silent.close()
+        for sock in accepted:
+            sock.close()
+
+
+def _wait(predicate: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
 
 
 def _message(kind: bytes, body: bytes) -> bytes:
