@@ -455,3 +455,23 @@ def test_a_client_final_message_without_a_nonce_is_refused(
         other.send_startup({"user": "app", "database": "app"})
         assert other.read_message()[0] == m.AUTHENTICATION
     assert p.proc.poll() is None
+
+
+@pytest.mark.parametrize("database", ["app", "no_such_database"])
+def test_a_startup_packet_inside_scram_is_refused(
+    pooler: Callable, postgres, database: str  # type: ignore[no-untyped-def]
+) -> None:
+    """PgBouncer 1.26.1's CVE-2026-107350 class: after AuthenticationSASL for one user (on a
+    database that exists or not), the client sends a StartupMessage naming another user (a
+    superuser, trust-free). It is never a new login: FATAL at once (a password message was
+    expected), nobody is authenticated, and the pooler serves everyone else."""
+    p = pooler()
+    with RawClient(p.host, p.port, timeout=5) as raw:
+        raw.send_startup({"user": APP, "database": database})
+        kinds = [kind for kind, _ in raw.read_until(m.AUTHENTICATION)]
+        assert kinds[-1] == m.AUTHENTICATION
+        raw.send(startup_packet({"user": postgres.superuser, "database": "app"}))
+        error = raw.read_error_and_close()
+    assert (error["S"], error["C"]) == ("FATAL", "28000"), error
+    assert error["M"].startswith("expected a password message"), error
+    still_serves(p)

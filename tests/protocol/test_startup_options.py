@@ -29,8 +29,10 @@ def test_settings_are_read_in_every_spelling(text: str, settings: list[tuple[str
     assert parse_options(text) == settings
 
 
-@pytest.mark.parametrize("text", ["-d", "-c timezone", "-c", "--=x", "datestyle=ISO", "-c =1"])
+@pytest.mark.parametrize("text", ["-d", "-c timezone", "-c", "--=x", "datestyle=ISO", "-c =1",
+                                  "-c=", "--=", "-c= -c="])
 def test_anything_but_settings_is_refused(text: str) -> None:
+    # "-c=": an empty option name, the class of PgBouncer 1.26.1's CVE-2026-107349 (a spin).
     with pytest.raises(OptionsError, match="only '-c config=val' and '--config=val'"):
         parse_options(text)
 
@@ -47,6 +49,10 @@ def test_tracked_parameters_take_the_settings_and_refuse_unknown_ones() -> None:
     lenient = tracked_parameters({"options": "-c work_mem=1MB -c timezone=UTC"}, (), ("options",))
     assert lenient == {"TimeZone": "UTC"}
     assert tracked_parameters({"options": "-d 5"}, (), ("options",)) == {}
+    # An empty option name with ignore_startup_parameters set but without options: refused
+    # at once (PgBouncer 1.20-1.26.0 spun forever on it, CVE-2026-107349).
+    with pytest.raises(PoolerError, match="only '-c config=val'"):
+        tracked_parameters({"options": "-c="}, (), ("extra_float_digits",))
     assert ONLY_SETTINGS.startswith("unsupported options startup parameter")
 
 
