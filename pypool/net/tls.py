@@ -37,6 +37,7 @@ from typing import Final
 from ..auth.channel_binding import tls_server_end_point
 from ..core.client_login import StartupTls
 from ..settings import TLS_VERSIONS, PoolerSettings, SettingsError
+from . import tls13_suites
 from .tls_group import negotiated_group
 
 log = logging.getLogger("pypool.tls")
@@ -173,15 +174,17 @@ def _configure(ctx: ssl.SSLContext, prefix: str, protocols: str, ciphers: str,
     except ssl.SSLError:
         raise SettingsError(f"invalid {prefix}_ciphers: {ciphers}") from None
     if ciphers13.strip():
-        names = {n.strip() for n in ciphers13.replace(",", ":").split(":") if n.strip()}
-        if not names <= _TLS13_SUITES:
-            raise SettingsError(f"invalid {prefix.replace('_tls', '_tls13')}_ciphers: "
+        key = f"{prefix.replace('_tls', '_tls13')}_ciphers"
+        names = [n.strip() for n in ciphers13.replace(",", ":").split(":") if n.strip()]
+        if not set(names) <= _TLS13_SUITES:
+            # PgBouncer's words for an OpenSSL refusal, with the key and the value.
+            raise SettingsError(f"failed to set the TLSv1.3 cipher suites: invalid {key}: "
                                 f"{ciphers13}")
-        if names != _TLS13_SUITES:
+        if set(names) != _TLS13_SUITES and not tls13_suites.restrict(ctx, names):
             raise SettingsError(
-                f"{prefix.replace('_tls', '_tls13')}_ciphers = {ciphers13}: Python's ssl "
-                "cannot narrow the TLS 1.3 cipher suites; leave it empty, or restrict "
-                f"{prefix}_protocols to tlsv1.2 and use {prefix}_ciphers")
+                f"{key} = {ciphers13}: this Python's ssl cannot narrow the TLS 1.3 cipher "
+                f"suites; leave it empty, or restrict {prefix}_protocols to tlsv1.2 and use "
+                f"{prefix}_ciphers")
     ctx.options |= ssl.OP_NO_COMPRESSION
 
 
