@@ -12,7 +12,11 @@ peers of each other:
   peer, seeing its own id, cancels the query. An unknown peer_id, or a TTL worn down to 0
   (peers that name each other wrongly), drops the request, as PgBouncer does;
 - at most the peer's `pool_size` (else default_pool_size) cancels are in flight to it at
-  once; more wait their turn (pooling/peer_pool.py, SHOW PEER_POOLS).
+  once; more wait their turn (pooling/peer_pool.py, SHOW PEER_POOLS);
+- with the PROXY protocol on (`proxy_protocol_sources`), peers share their ini: where the
+  address a forwarded cancel leaves from is one of the sources, the peer requires a header
+  on it, so the cancel opens with a v2 LOCAL header (the sender speaking for itself, naming
+  nobody); from any other address it sends none, as the peer then refuses one.
 
 `workers` = N uses the same routing inside one instance: each worker writes its number into
 its keys (byte 3) and listens on a private socket of its own (Linux's abstract namespace,
@@ -32,9 +36,11 @@ import logging
 import socket
 from typing import TYPE_CHECKING
 
+from ..core.client_login import trusted_proxy
 from ..pooling.peer_pool import PeerPool
 from ..protocol import cancel_key
 from ..protocol import messages as m
+from ..protocol.proxy_header import proxy_v2
 from ..protocol.startup import CANCEL_REQUEST_CODE
 
 if TYPE_CHECKING:
@@ -111,6 +117,8 @@ async def _send(pooler: Pooler, host: str, port: int, key: tuple[int, int],
             else:
                 reader, writer = await asyncio.open_connection(host, port)
             try:
+                if _header_expected(pooler, writer):
+                    writer.write(proxy_v2(None))
                 writer.write(m.cancel_request(*key))
                 await writer.drain()
                 pool.sent()
@@ -122,6 +130,15 @@ async def _send(pooler: Pooler, host: str, port: int, key: tuple[int, int],
         log.warning("cancel request to peer %d at %s:%d failed: %s", pool.peer_id, host, port,
                     "cancel_wait_timeout" if isinstance(failure, TimeoutError) else failure)
     return sent
+
+
+def _header_expected(pooler: Pooler, writer: asyncio.StreamWriter) -> bool:
+    """Whether the peer will require a PROXY header on this connection: its address (ours,
+    as the peer sees it) is one of proxy_protocol_sources, which peers share."""
+    sources = pooler.settings.pooler.proxy_protocol_sources
+    sockname = writer.get_extra_info("sockname")
+    return (bool(sources) and isinstance(sockname, tuple)
+            and trusted_proxy(str(sockname[0]), sources))
 
 
 # --- workers ------------------------------------------------------------------------------
@@ -175,6 +192,8 @@ async def _send_to_worker(pooler: Pooler, worker: int, key: tuple[int, int]) -> 
                 raise
             reader, writer = await asyncio.open_unix_connection(sock=sock)
             try:
+                if _header_expected(pooler, writer):
+                    writer.write(proxy_v2(None))
                 writer.write(m.cancel_request(*key))
                 await writer.drain()
                 await reader.read()

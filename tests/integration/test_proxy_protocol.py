@@ -330,3 +330,32 @@ def test_set_checks_and_changes_the_sources(pooler: Callable[..., Pooler]) -> No
             assert raw.login(APP_USER, "app", application_name="after-set").error is None
             assert client_row(p, application_name="after-set")["addr"] == CLIENT[0]
     assert "not an IP address or network: 'balancer.example'" in p.log()
+
+
+# --- peers ---------------------------------------------------------------------------------
+
+
+def test_a_cancel_forwarded_between_peers_opens_with_a_local_header(
+        postgres: Any, pooler: Callable[..., Pooler], balancers: Callable[..., Balancer]) -> None:
+    """Two [peers] by TCP on 127.0.0.1, which is also in their proxy_protocol_sources (one
+    ini for both, the balancer's network): a cancel that reaches the wrong instance through
+    the balancer is forwarded to the owner with a v2 LOCAL header, which the owner requires
+    from that address, and cancels the query there."""
+    from .test_peers import SlowQuery, running, send_cancel
+
+    keys = {"proxy_protocol_sources": "127.0.0.1", "auth_type": "trust"}
+    one = pooler({**keys, "peer_id": "1"})
+    two = pooler({**keys, "peer_id": "2"},
+                 extra_sections=f"[peers]\n1 = host=127.0.0.1 port={one.port}\n")
+    to_one, to_two = balancers(one), balancers(two)
+
+    class Through:  # SlowQuery's pooler, reached through the balancer
+        host, port = "127.0.0.1", to_one.port
+
+    query = SlowQuery(Through, 10)  # type: ignore[arg-type]
+    query.start()
+    assert wait_for(lambda: running(postgres) == 1, 5)
+    send_cancel("127.0.0.1", to_two.port, query.key)
+    query.join(5)
+    assert query.sqlstate == "57014", two.log()  # query_canceled
+    assert "PROXY protocol header" not in one.log()  # nothing was refused
