@@ -25,6 +25,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from cpu_per_tx import free_port  # noqa: E402
+
 from pypool.embedded import EmbeddedPostgres, wait_listening  # noqa: E402
 
 
