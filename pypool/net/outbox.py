@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from ..core.states import ClientState
+from . import link_ends
 
 if TYPE_CHECKING:
     from ..pooling.prepared import ServerStatements
@@ -94,7 +95,7 @@ def resume_rewriting(client: ClientRecord) -> None:
     reader = client.reader
     if not reader.blocked:
         return
-    reader.blocked = False
+    link_ends.unhold(client)
     server = client.server
     if server is not None:
         server.statements.requests.blocked = False

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from ..core.link import LinkEvent
 from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
+from ..net import link_ends
 from ..net.replication_pipe import CLIENT, ReplicationPipe
 from ..net.socket_options import widen_for_streaming
 from ..protocol import errors
@@ -201,8 +202,7 @@ def server_logged_in(pooler: Pooler, server: ServerRecord) -> None:
     server.on(ServerEvent.FREED)
     server.on(ServerEvent.LINKED)
     server.request_time = now
-    client.server = server
-    server.link(client)
+    link_ends.link(client, server)
     statuses = b"".join(m.parameter_status(name, value)
                         for name, value in server.params.items())
     client.write(b"".join((m.authentication(m.AUTH_OK), statuses,
@@ -261,8 +261,7 @@ def _unjoin(state: Replication, pipe: ReplicationPipe) -> None:
     """Forget a joined pair, from either end: neither is linked to the other any more."""
     state.pipes.pop(pipe.client, None)
     state.pipes.pop(pipe.server, None)
-    pipe.client.server = None
-    pipe.server.link(None)
+    link_ends.unlink(pipe.client, pipe.server)
 
 
 def client_closed(pooler: Pooler, client: ClientRecord) -> None:
