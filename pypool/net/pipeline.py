@@ -20,7 +20,9 @@ simple Query holding one such statement. That is the steady state of every drive
 prepared statements. An error in it makes the server skip to the Sync, which ends the
 implicit transaction all the same.
 
-The server's `client` is the head of the line; `chain` holds the clients queued behind it.
+The server's `client` is the head of the line; `chain` holds the clients queued behind it
+(the ends move with net/link_ends.py: `line_up` when a client joins, `take_turn` at its
+turn).
 Every client in the line but the last may not send more to this server (its later requests
 would land behind the others'): what it sends waits, uncounted, as during a rewriting WAIT,
 and goes to a server of its own after its ReadyForQuery. A client that disconnects while in

@@ -11,7 +11,11 @@ idle, or closes it when it is due to close.
 This is the hot path between the two Protocols: every transaction passes through `link`
 and `release`. It owns no state of its own: the pools (pooling/pool.py) and the
 connections hold it, and the Pooler (objects.py) calls in here and keeps the methods the
-Protocols call.
+Protocols call. It moves the link (core/link.py) and carries out its actions; the link's
+two ends and the hold on the client's requests it sets through net/link_ends.py, the one
+writer of those fields. A server's ServerState and its place in the pool's lists move
+together here (FREED then `put_idle` or a link; `take_idle` then LINKED: pooling/pool.py
+says why both are kept).
 
 Never hand a server on with replies owed, never give a server mid-transaction to another
 client, and never hand out a server whose cancel may still land (server_available parks it

@@ -12,7 +12,8 @@ ordinary waiters (`claim_freed`). Then a dedicated server is opened with the cli
 `replication` value, its session settings and its `options` in the StartupMessage
 (`Replication.pending` pairs the two during the login). Once that server has logged in,
 the client gets its welcome with the server's own ParameterStatus and a pooler-issued
-cancel key, the two are linked (SHOW CLIENTS/SERVERS, cancel) and their transports are
+cancel key, the two are linked (SHOW CLIENTS/SERVERS, cancel; the ends set by
+net/link_ends.py, as for any link, and cut by it when the pair ends) and their transports are
 joined byte for byte (net/replication_pipe.py): no reset query, no prepared-statement
 rewriting, no session-state tracking, no server_check_query, no connect_query.
 

@@ -11,7 +11,9 @@ it and the server_reset_query when one applies; otherwise the server closes with
 `close_server` closes a server on purpose (the janitor, the console, a reload), taking an
 idle one out of the idle stack first.
 
-The Pooler's methods of the same names hand over to these functions.
+The Pooler's methods of the same names hand over to these functions. The links' ends are
+cut through net/link_ends.py (a client of a dead server's line loses it just before it is
+told); a client's closing is one event, GONE, that ends its link and its own state.
 
 Never forget a connection without its counts (servers_per_db, servers_per_user, the pool's
 lists), and never leave a client whose server has closed without an error.
