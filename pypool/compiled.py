@@ -65,6 +65,7 @@ HOT_MODULES = (
     "pypool.pooling.prepared.guard_statement",
     "pypool.pooling.prepared.rewriter",
     "pypool.net.flow_control",
+    "pypool.net.link_ends",
     "pypool.net.pipeline",
     "pypool.net.outbox",
     "pypool.net.hidden_queries",

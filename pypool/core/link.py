@@ -15,7 +15,11 @@ Everything that happens to a link is a LinkEvent. `Link.on(event)` looks the pai
 LINK_TABLE and returns the actions (bits, below) the pooler must carry out, in the order the
 bits are listed; a pair the table does not list raises IllegalTransition: a bug in the
 pooler, never the peer's. The pooler (pooler/linking.py, pooler/transactions.py,
-net/pipeline.py) carries the actions out; it never sets a link's state itself.
+net/pipeline.py) carries the actions out; it never sets a link's state itself. The link's
+two ends (`client.server`, `server.client`) and the hold on what a client sends
+(`reader.blocked`: HOLD) are written by net/link_ends.py alone, in named steps (link,
+unlink, line_up, take_turn, hold, unhold) taken where the events and actions here say.
+GONE ends the client's own state too (ClientEvent.CLOSED, core/states.py): one event.
 
 The ReadyForQuery verdict is here too. Each ReadyForQuery forwarded to a linked client that
 leaves it owed nothing (its FrontendLedger, core/ledger.py, says; until then the server

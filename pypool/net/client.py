@@ -23,7 +23,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from ..core.states import ClientState, client_transition
+from ..core.states import ClientEvent, ClientState, client_transition
 from ..pooling.prepared import Tracking
 from ..protocol import errors
 from ..protocol import messages as m
@@ -59,12 +59,15 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
 
     def on_link(self, event: int, now: float = 0.0) -> int:
         """Move its link (core/link.py) on `event`; return the actions the caller carries
-        out. What it shows as (IDLE, WAITING, ACTIVE) follows the link's state."""
+        out. What it shows as (IDLE, WAITING, ACTIVE) follows the link's state, and a link
+        that ends (GONE) ends the client: its own table's CLOSED (core/states.py), from
+        whatever state its login had reached, so one event moves both."""
         link = self.link
         actions = link.on(event)
         shown: ClientState = link.state.shown  # type: ignore[attr-defined]
-        if shown is not self.state and shown is not ClientState.CLOSED:
-            self.state = shown
+        if shown is not self.state:
+            self.state = (shown if shown is not ClientState.CLOSED
+                          else client_transition(self.state, ClientEvent.CLOSED))
             self.state_since = now or self.pooler.now()
         return actions
 

@@ -19,7 +19,8 @@ before its login's ReadyForQuery): `carry_on` reads them and resumes it. Whateve
 sends faster than the pooler can pass it on is left in the kernel's buffers, never in ours.
 
 The outbox lives on the client's record (net/records.py: plain attributes, no object of
-its own); this module owns what is done with it. It never decides a link or a release.
+its own); this module owns what is done with it. It never decides a link or a release,
+and lifts a client's hold only through net/link_ends.py (`unhold`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from ..core.states import ClientState
+from . import link_ends
 
 if TYPE_CHECKING:
     from ..pooling.prepared import ServerStatements
@@ -94,7 +96,7 @@ def resume_rewriting(client: ClientRecord) -> None:
     reader = client.reader
     if not reader.blocked:
         return
-    reader.blocked = False
+    link_ends.unhold(client)
     server = client.server
     if server is not None:
         server.statements.requests.blocked = False

@@ -20,7 +20,9 @@ simple Query holding one such statement. That is the steady state of every drive
 prepared statements. An error in it makes the server skip to the Sync, which ends the
 implicit transaction all the same.
 
-The server's `client` is the head of the line; `chain` holds the clients queued behind it.
+The server's `client` is the head of the line; `chain` holds the clients queued behind it
+(the ends move with net/link_ends.py: `line_up` when a client joins, `take_turn` at its
+turn).
 Every client in the line but the last may not send more to this server (its later requests
 would land behind the others'): what it sends waits, uncounted, as during a rewriting WAIT,
 and goes to a server of its own after its ReadyForQuery. A client that disconnects while in
@@ -79,7 +81,7 @@ from ..pooling.pipeline_guard import FAILED, PENDING, SKIPPED, Guard
 from ..pooling.session_state import sync_statements
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
-from . import deferred_writes, outbox
+from . import deferred_writes, link_ends, outbox
 
 if TYPE_CHECKING:
     from ..pooling.prepared import ServerStatements
@@ -246,9 +248,9 @@ def follow(server: ServerRecord, client: ClientRecord) -> bytes:
     for that server, is returned to be sent."""
     last = server.chain[-1] if server.chain else server.client
     assert last is not None
-    last.reader.blocked = True  # what it sends from now on waits for a server of its own
     server.chain.append(client)
-    client.server = server
+    # What `last` sends from now on waits for a server of its own.
+    link_ends.line_up(last, client, server)
     actions = client.on_link(LinkEvent.LINED_UP)
     server.pool.stats.pipelined_count += 1
     pooler = server.pooler
@@ -264,7 +266,7 @@ def follow(server: ServerRecord, client: ClientRecord) -> bytes:
     st.guard = guard
     # Until its transaction has started, what it sends waits: were it refused, nothing more
     # of it may run.
-    client.reader.blocked = True
+    link_ends.hold(client)
     return server.statements.queue_guard(guard) + outbox.take_outbox(client, server)
 
 
@@ -350,7 +352,7 @@ def replies_unread(server: ServerRecord) -> bool:
 def hand_on(pooler: PoolerPort, server: ServerRecord, now: float) -> None:
     """The head of the line is done: the next client in it is linked from now on."""
     client = server.chain.popleft()
-    server.link(client)
+    link_ends.take_turn(server, client)
     client.on_link(LinkEvent.TURN)
     pool = server.pool
     if client.state is not ClientState.CLOSED:

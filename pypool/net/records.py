@@ -244,7 +244,8 @@ class ClientRecord(ReadingSwitch):
         self.database = ""
         self.pool: Pool | None = None
         # Its link to a server (core/link.py): the state that moves it between IDLE, WAITING
-        # and ACTIVE, and the server it holds (or whose line it is in), set with it.
+        # and ACTIVE, and the server it holds (or whose line it is in), set with it; the
+        # pointer is written only by net/link_ends.py.
         self.link = Link()
         self.server: ServerRecord | None = None
         self.admin: ConsoleSession | None = None  # set when connected to the console
@@ -354,6 +355,8 @@ class ServerRecord(ReadingSwitch):
         self.credentials = credentials
         self.startup_params = startup_params
         self.state = ServerState.CONNECTING  # core/states.py says what each state means
+        # The client its replies go to (the head of its line); written only by
+        # net/link_ends.py, with the reply reader's view of that client.
         self.client: ClientRecord | None = None
         self.backend_pid = 0
         self.backend_secret = 0
@@ -422,9 +425,6 @@ class ServerRecord(ReadingSwitch):
         raise NotImplementedError
 
     def send(self, data: bytes, own: bool = False) -> None:
-        raise NotImplementedError
-
-    def link(self, client: ClientRecord | None) -> None:
         raise NotImplementedError
 
     def data_received(self, data: bytes) -> None:

@@ -30,7 +30,7 @@ from .server_login import ServerLogin
 if TYPE_CHECKING:
     from ..auth.server_credentials import ServerCredentials
     from ..pooling.pool import Pool
-    from .records import ClientRecord, PoolerPort, ServerTap
+    from .records import PoolerPort, ServerTap
 
 log = logging.getLogger("pypool.server")
 
@@ -106,21 +106,6 @@ class ServerConnection(ServerRecord, asyncio.Protocol):
         else:
             assert self.transport is not None
             self.transport.write(data)
-
-    def link(self, client: ClientRecord | None) -> None:
-        """Serve `client` from now on (None: nobody); its ledger and session parameters
-        are what the reply reader keeps up to date."""
-        self.client = client
-        self.trace = (client.trace if client is not None and client.trace is not None
-                      else self.pooler.trace_all)
-        reader = self.reader
-        if client is None:
-            reader.frontend = None
-            reader.client_params = None
-        else:
-            reader.frontend = client.ledger
-            reader.client_params = client.params
-            reader.statement_mode = self.pool.limits.pool_mode == "statement"
 
     # --- login ----------------------------------------------------------------------------
 

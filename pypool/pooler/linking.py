@@ -11,7 +11,11 @@ idle, or closes it when it is due to close.
 This is the hot path between the two Protocols: every transaction passes through `link`
 and `release`. It owns no state of its own: the pools (pooling/pool.py) and the
 connections hold it, and the Pooler (objects.py) calls in here and keeps the methods the
-Protocols call.
+Protocols call. It moves the link (core/link.py) and carries out its actions; the link's
+two ends and the hold on the client's requests it sets through net/link_ends.py, the one
+writer of those fields. A server's ServerState and its place in the pool's lists move
+together here (FREED then `put_idle` or a link; `take_idle` then LINKED: pooling/pool.py
+says why both are kept).
 
 Never hand a server on with replies owed, never give a server mid-transaction to another
 client, and never hand out a server whose cancel may still land (server_available parks it
@@ -26,7 +30,7 @@ from typing import TYPE_CHECKING, Final
 from ..core import link as lk
 from ..core.link import LinkEvent
 from ..core.states import ClientState, ServerEvent, ServerState
-from ..net import hidden_queries, outbox, pipeline
+from ..net import hidden_queries, link_ends, outbox, pipeline
 from ..pooling.params import covers
 from ..pooling.session_state import sync_statements
 from ..protocol import errors
@@ -89,8 +93,7 @@ def link(pooler: Pooler, client: ClientRecord, server: ServerRecord,
     if pool.login:
         pool.login.discard(server)  # its first client, right after its login
     pool.active.add(server)
-    client.server = server
-    server.link(client)
+    link_ends.link(client, server)
     server.on(ServerEvent.LINKED)
     client.link_time = now
     server.request_time = now
@@ -114,7 +117,7 @@ def link(pooler: Pooler, client: ClientRecord, server: ServerRecord,
     if actions & lk.HOLD:
         # What the client sent waits for the check's and the SET's replies
         # (parameters_applied, check_failed, parameters_failed).
-        client.reader.blocked = True
+        link_ends.hold(client)
         hidden_queries.prepare_for(server, client, check, sync)
         return
     if session is not None and session.pending:
@@ -127,7 +130,7 @@ def parameters_applied(pooler: Pooler, server: ServerRecord,
                        client: ClientRecord) -> None:
     """The check and SET sent at link time succeeded: the client's requests go now."""
     actions = client.on_link(LinkEvent.APPLIED)
-    client.reader.blocked = False
+    link_ends.unhold(client)
     client.check_failures = 0
     if actions & lk.SEND:
         _send_outbox(pooler, client, server)
@@ -144,9 +147,8 @@ def check_failed(pooler: Pooler, server: ServerRecord, client: ClientRecord | No
     if client is not None and server.client is client:
         actions = client.on_link(LinkEvent.CHECK_FAILED)
         if actions & lk.UNLINK:
-            server.link(None)
-            client.server = None
-            client.reader.blocked = False
+            link_ends.unlink(client, server)
+            link_ends.unhold(client)
         if actions & lk.CLOSE_SERVER:
             server.close(f"server_check_query failed: {why}")
         if not actions & lk.ASK_AGAIN:
@@ -204,8 +206,7 @@ def release(pooler: Pooler, client: ClientRecord, now: float = 0.0,
     stats.xact_histogram.observe(held)
     if pooler.txlog is not None:
         pooler.txlog.released(client, server, now)
-    client.server = None
-    server.link(None)
+    link_ends.unlink(client, server)
     st = client.statements
     if st is not None and st.guard is not None:
         st.guard = None  # its line is over (net/pipeline.py)

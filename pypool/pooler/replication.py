@@ -12,7 +12,8 @@ ordinary waiters (`claim_freed`). Then a dedicated server is opened with the cli
 `replication` value, its session settings and its `options` in the StartupMessage
 (`Replication.pending` pairs the two during the login). Once that server has logged in,
 the client gets its welcome with the server's own ParameterStatus and a pooler-issued
-cancel key, the two are linked (SHOW CLIENTS/SERVERS, cancel) and their transports are
+cancel key, the two are linked (SHOW CLIENTS/SERVERS, cancel; the ends set by
+net/link_ends.py, as for any link, and cut by it when the pair ends) and their transports are
 joined byte for byte (net/replication_pipe.py): no reset query, no prepared-statement
 rewriting, no session-state tracking, no server_check_query, no connect_query.
 
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from ..core.link import LinkEvent
 from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
+from ..net import link_ends
 from ..net.replication_pipe import CLIENT, ReplicationPipe
 from ..net.socket_options import widen_for_streaming
 from ..protocol import errors
@@ -201,8 +203,7 @@ def server_logged_in(pooler: Pooler, server: ServerRecord) -> None:
     server.on(ServerEvent.FREED)
     server.on(ServerEvent.LINKED)
     server.request_time = now
-    client.server = server
-    server.link(client)
+    link_ends.link(client, server)
     statuses = b"".join(m.parameter_status(name, value)
                         for name, value in server.params.items())
     client.write(b"".join((m.authentication(m.AUTH_OK), statuses,
@@ -261,8 +262,7 @@ def _unjoin(state: Replication, pipe: ReplicationPipe) -> None:
     """Forget a joined pair, from either end: neither is linked to the other any more."""
     state.pipes.pop(pipe.client, None)
     state.pipes.pop(pipe.server, None)
-    pipe.client.server = None
-    pipe.server.link(None)
+    link_ends.unlink(pipe.client, pipe.server)
 
 
 def client_closed(pooler: Pooler, client: ClientRecord) -> None:

@@ -11,7 +11,9 @@ it and the server_reset_query when one applies; otherwise the server closes with
 `close_server` closes a server on purpose (the janitor, the console, a reload), taking an
 idle one out of the idle stack first.
 
-The Pooler's methods of the same names hand over to these functions.
+The Pooler's methods of the same names hand over to these functions. The links' ends are
+cut through net/link_ends.py (a client of a dead server's line loses it just before it is
+told); a client's closing is one event, GONE, that ends its link and its own state.
 
 Never forget a connection without its counts (servers_per_db, servers_per_user, the pool's
 lists), and never leave a client whose server has closed without an error.
@@ -23,8 +25,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..core.link import LinkEvent, LinkState
-from ..core.states import ClientEvent, ClientState, ServerEvent, ServerState
-from ..net import hidden_queries, pipeline
+from ..core.states import ClientState, ServerEvent, ServerState
+from ..net import hidden_queries, link_ends, pipeline
 from ..pooling import session_state as ss
 from ..protocol import errors
 from ..protocol import messages as m
@@ -56,14 +58,12 @@ def server_closed(pooler: Pooler, server: ServerRecord, reason: str) -> None:
         # It died under server_check_query, before any of its client's requests.
         server.backend.checking = False
         linking.check_failed(pooler, server, server.client, reason)
-    line = [server.client, *server.chain]
-    server.link(None)
+    line = link_ends.unlink_line(server)
     server.chain.clear()
     for client in line:
-        if client is not None:
-            client.server = None
-            pool.stats.count_error("server_conn_crashed")
-            client.fail(PoolerError("server conn crashed?", errors.PROTOCOL_VIOLATION))
+        link_ends.lose_server(client)
+        pool.stats.count_error("server_conn_crashed")
+        client.fail(PoolerError("server conn crashed?", errors.PROTOCOL_VIOLATION))
     if pooler.settings.pooler.log_disconnections and not reason.startswith("login failed"):
         log.info("%r: closing because: %s", server, reason)
     pooler.launch_servers(pool)
@@ -87,8 +87,7 @@ def client_closed(pooler: Pooler, client: ClientRecord, reason: str) -> None:
     # Whether its requests were waiting for a check or SET on its server (whose replies
     # would be taken for the next client's), before its link ends.
     setting = client.link.state is LinkState.SETTING
-    client.on(ClientEvent.CLOSED)
-    client.on_link(LinkEvent.GONE)
+    client.on_link(LinkEvent.GONE)  # and its own state CLOSED with it (net/client.py)
     pooler.clients.discard(client)
     pooler.login_clients.discard(client)
     pooler.client_counts.forget(client)
@@ -112,8 +111,7 @@ def client_closed(pooler: Pooler, client: ClientRecord, reason: str) -> None:
         if client.ledger.unsynced:
             server.close("client disconnected with a query in progress")
     elif server is not None:
-        client.server = None
-        server.link(None)
+        link_ends.unlink(client, server)
         server.resume_reading()
         # A check or SET the pooler sent for this client may still be answering: its
         # replies and ParameterStatus would be taken for the next client's.

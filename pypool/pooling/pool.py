@@ -12,6 +12,19 @@ first-in first-out. Both orders are the defaults of swappable policies (pooling/
 sockets itself: `servers_wanted` tells the asyncio layer how many to open, within pool_size
 (plus reserve_pool_size once a client has waited reserve_pool_timeout) and the database-wide
 and user-wide caps.
+
+Whether a server is idle is said twice, on purpose. Its ServerState (core/states.py) is the
+truth about the connection: its transitions are checked (a server is LINKED only from IDLE),
+and a closing server keeps it until its connection is gone. `idle` is an index over the
+pool's servers in that state, in release order: the LIFO choice in O(1), the bottom of the
+stack for server_idle_timeout and eviction, the list a server policy chooses from. Neither
+is derived from the other: the list from the states would be a scan of every server at each
+link, and the state from the list a search of it at each check. So they move together, in
+pooler/linking.py (`server_available`: FREED, then `put_idle` or a link; a link: `take_idle`,
+then LINKED), pooler/replication.py (a dedicated server: FREED and LINKED at once) and
+pooler/teardown.py (an idle server is forgotten before it is closed), and
+`idle_out_of_step` names any server where they disagree: none, whenever the pooler is
+between two events (the unit tests check it after every step, tests/net/fakes.py).
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.states import ServerState
 from .listening import Listening
 from .stats import WAIT_BUCKETS, XACT_BUCKETS, Histogram
 
@@ -160,6 +174,17 @@ class Pool:
                 where.remove(server)
             except ValueError:
                 pass
+
+    def idle_out_of_step(self) -> list[Any]:
+        """The servers whose ServerState disagrees with where this pool lists them: in
+        `idle` but not IDLE, or IDLE in `active`, `login` or `being_canceled` (see the module
+        docstring). A closing server the pool has forgotten is in none of them. For tests
+        and debugging: it looks at every server."""
+        idle = ServerState.IDLE
+        wrong = [server for server in self.idle if server.state is not idle]
+        for listed in (self.active, self.login, self.being_canceled):
+            wrong.extend(server for server in listed if server.state is idle)
+        return wrong
 
     def enqueue(self, client: Any) -> None:
         self.waiting.append(client)

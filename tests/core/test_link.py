@@ -3,6 +3,7 @@ verdict, and the diagram in docs/link.md made from the table."""
 
 from __future__ import annotations
 
+import ast
 import itertools
 import re
 from pathlib import Path
@@ -201,3 +202,91 @@ def test_no_link_state_is_written_outside_the_table() -> None:
                          line):
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert offenders == []
+
+
+# --- the link's two pointers and the reader's hold: one writer (net/link_ends.py) ----------
+
+OWNER = ROOT / "pypool" / "net" / "link_ends.py"
+# The classes whose own `self.server` / `self.client` are a link's ends (set up in __init__).
+RECORDS = {"ClientRecord", "ServerRecord", "ClientConnection", "ServerConnection"}
+
+
+def _assigned(tree: ast.AST) -> list[tuple[ast.Attribute, str, str]]:
+    """Every attribute assigned in `tree`, with its enclosing class and function names."""
+    found: list[tuple[ast.Attribute, str, str]] = []
+
+    def visit(node: ast.AST, cls: str, func: str) -> None:
+        if isinstance(node, ast.ClassDef):
+            names = {node.name} | {getattr(base, "id", getattr(base, "attr", ""))
+                                   for base in node.bases}
+            cls = node.name if names & RECORDS else ""  # "": not a record's own fields
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            func = node.name
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets = [node.target]
+        while targets:
+            target = targets.pop()
+            if isinstance(target, (ast.Tuple, ast.List)):
+                targets.extend(target.elts)
+            elif isinstance(target, ast.Starred):
+                targets.append(target.value)
+            elif isinstance(target, ast.Attribute):
+                found.append((target, cls, func))
+        for child in ast.iter_child_nodes(node):
+            visit(child, cls, func)
+
+    visit(tree, "", "")
+    return found
+
+
+def _link_end_writes(path: Path, source: str | None = None) -> list[str]:
+    """Where `path` (or `source`, read as that file) assigns a link's end (`x.server`,
+    `x.client` of a client or server) or a request reader's hold (`reader.blocked`,
+    `x.reader.blocked`)."""
+    text = path.read_text() if source is None else source
+    out = []
+    for target, cls, func in _assigned(ast.parse(text, str(path))):
+        value = target.value
+        is_self = isinstance(value, ast.Name) and value.id == "self"
+        if target.attr in ("server", "client"):
+            # Another object's `self.server` (a TLS context, a replication pipe) is no link.
+            hit = (not is_self) or (cls in RECORDS and func != "__init__")
+        elif target.attr == "blocked":
+            # The RequestReader's own `self.blocked` is its rewriting WAIT (core/frontend.py).
+            hit = ((isinstance(value, ast.Name) and value.id == "reader")
+                   or (isinstance(value, ast.Attribute) and value.attr == "reader"))
+        else:
+            hit = False
+        if hit:
+            out.append(f"{path.relative_to(ROOT)}:{target.lineno}: {ast.unparse(target)}")
+    return out
+
+
+def test_only_link_ends_writes_the_link_s_pointers_and_the_reader_s_hold() -> None:
+    """client.server, server.client and reader.blocked are written in net/link_ends.py alone;
+    everywhere else calls its named steps (link, unlink, line_up, take_turn, hold, ...)."""
+    offenders = [hit for path in sorted((ROOT / "pypool").rglob("*.py")) if path != OWNER
+                 for hit in _link_end_writes(path)]
+    assert offenders == []
+
+
+def test_the_pointer_scan_sees_the_writes() -> None:
+    """The scan finds what the owner writes, and would find a write moved back elsewhere
+    (not a record's own __init__, nor another object's `self.server`)."""
+    written = {line.rsplit(": ", 1)[1] for line in _link_end_writes(OWNER)}
+    assert {"client.server", "server.client", "client.reader.blocked",
+            "last.reader.blocked"} <= written
+    probe = ("class ServerConnection(ServerRecord):\n"
+             "    def __init__(self):\n        self.client = None\n"
+             "    def link(self, client):\n        self.client = client\n"
+             "class Pipe:\n    def reset(self):\n        self.server = None\n"
+             "def f(c, s, reader, st):\n    c.server, s.client = s, c\n"
+             "    reader.blocked = True\n    c.reader.blocked = False\n"
+             "    st.requests.blocked = False\n")
+    flagged = {line.split(": ", 1)[1]
+               for line in _link_end_writes(ROOT / "pypool" / "probe.py", probe)}
+    assert flagged == {"self.client", "c.server", "s.client", "reader.blocked",
+                       "c.reader.blocked"}

@@ -16,7 +16,9 @@ what touches the operating system is replaced:
 Tests drive the connections as the network would: bytes to `data_received`, then read what
 each transport received. They assert what a peer or an operator would see (bytes on the
 wire, the connections' states, the pool's lists and counters, SQLSTATEs), not the flags the
-link is kept in.
+link is kept in. After every step taken through these fakes (bytes delivered, a socket lost,
+`run_callbacks`, the end of the test) each pool's idle stack is checked against its servers'
+ServerState (`assert_idle_in_step`, pooling/pool.py's `idle_out_of_step`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ USER, PASSWORD, DATABASE = "app", "app-secret", "app"
 SERVER_PARAMS = {"client_encoding": "UTF8", "DateStyle": "ISO, MDY", "TimeZone": "UTC",
                  "integer_datetimes": "on", "server_version": "17.0",
                  "standard_conforming_strings": "on"}
+
+
+def assert_idle_in_step(pooler: Any) -> None:
+    """Every pool's `idle` stack and its servers' ServerState agree (pooling/pool.py says
+    why both exist): checked after every step a test takes through these fakes."""
+    wrong = {pool.database: pool.idle_out_of_step() for pool in pooler.pools.values()}
+    assert not any(wrong.values()), f"idle stack and ServerState disagree: {wrong}"
 
 
 def split(data: bytes) -> list[tuple[str, bytes]]:
@@ -144,6 +153,7 @@ class Client:
     def send(self, *chunks: bytes) -> None:
         for chunk in chunks:
             self.conn.data_received(chunk)
+            assert_idle_in_step(self.conn.pooler)
 
     def take(self) -> bytes:
         """What the client received since the last take (the welcome kept apart, once)."""
@@ -160,6 +170,7 @@ class Client:
         """The client's socket breaks (no Terminate)."""
         self.transport.closed = True
         self.conn.connection_lost(ConnectionResetError())
+        assert_idle_in_step(self.conn.pooler)
 
     @property
     def state(self) -> Any:
@@ -178,6 +189,7 @@ class Server:
     def send(self, *chunks: bytes) -> None:
         for chunk in chunks:
             self.conn.data_received(chunk)
+            assert_idle_in_step(self.conn.pooler)
 
     def take(self) -> bytes:
         return self.transport.take()
@@ -186,6 +198,7 @@ class Server:
         """The connection to PostgreSQL breaks (the backend died)."""
         self.transport.closed = True
         self.conn.connection_lost(ConnectionResetError())
+        assert_idle_in_step(self.conn.pooler)
 
     def closed(self) -> bytes:
         """The pooler closed this server: what it wrote last (a Terminate, if anything);
@@ -193,6 +206,7 @@ class Server:
         assert self.transport.closed, "the pooler has not closed it"
         last = self.take()
         self.conn.connection_lost(None)
+        assert_idle_in_step(self.conn.pooler)
         return last
 
     @property
@@ -269,6 +283,7 @@ class FakePooler:
         """Run what the pooler scheduled (call_soon, its connect tasks) until it waits."""
         for _ in range(3):
             self.loop.run_until_complete(asyncio.sleep(0))
+        assert_idle_in_step(self.pooler)
 
     def connect(self, user: str = USER, database: str = DATABASE, **params: str) -> Client:
         """A client that connects and sends its StartupMessage. Welcomed at once when its
@@ -383,6 +398,7 @@ def fake_pooler() -> Iterator[Any]:
 
     yield make
     for fake in made:
+        assert_idle_in_step(fake.pooler)
         fake.close()
 
 

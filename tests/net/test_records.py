@@ -72,5 +72,5 @@ def test_the_connection_carries_out_every_declared_call(record: type, connection
 
 def test_the_scan_sees_the_hot_calls() -> None:
     assert {"write", "fail", "relay"} <= _declared(ClientRecord)
-    assert {"send", "link", "close"} <= _declared(ServerRecord)
+    assert {"send", "on", "close"} <= _declared(ServerRecord)
     assert "write" in _called_from_outside("client.py", "client")  # server.py's _relay

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pypool.core.states import ServerState
 from pypool.pooling.pool import Pool, PoolLimits
 
 pytestmark = pytest.mark.timeout(10)
@@ -185,3 +186,44 @@ def test_forget_removes_from_everywhere() -> None:
         pool.forget(server)
     assert (pool.idle, pool.active, pool.login) == (["s2"], set(), set())
     assert pool.server_count == 1
+
+
+class _Server:
+    """A server as the pool sees it: opaque, but for its ServerState."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+
+def test_the_idle_stack_and_server_state_agree_as_the_pooler_moves_them() -> None:
+    """The pooler's moves, in its order (pooler/linking.py): FREED then put_idle, take_idle
+    then LINKED, park before FREED; after each, nothing is out of step."""
+    pool = make_pool()
+    server = _Server(ServerState.LOGIN)
+    pool.login.add(server)
+    assert pool.idle_out_of_step() == []
+    server.state = ServerState.IDLE  # FREED
+    pool.put_idle(server)
+    assert pool.idle_out_of_step() == []
+    assert pool.take_idle() is server
+    server.state = ServerState.ACTIVE  # LINKED
+    assert pool.idle_out_of_step() == []
+    pool.park_canceled(server)  # a cancel in flight: parked while still ACTIVE
+    assert pool.idle_out_of_step() == []
+    server.state = ServerState.IDLE  # the cancel landed: FREED
+    pool.put_idle(server)
+    assert pool.idle_out_of_step() == []
+
+
+def test_idle_out_of_step_names_each_disagreement() -> None:
+    pool = make_pool()
+    linked_but_stacked = _Server(ServerState.ACTIVE)
+    idle_but_active = _Server(ServerState.IDLE)
+    idle_but_parked = _Server(ServerState.IDLE)
+    pool.idle.append(linked_but_stacked)
+    pool.active.add(idle_but_active)
+    pool.being_canceled.add(idle_but_parked)
+    assert pool.idle_out_of_step() == [linked_but_stacked, idle_but_active, idle_but_parked]
+    for server in (linked_but_stacked, idle_but_active, idle_but_parked):
+        pool.forget(server)  # closed: listed nowhere, whatever its state says until it is gone
+    assert pool.idle_out_of_step() == []
