@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Final
 
 from ..pooling import prepared
 from ..pooling import session_state as ss
+from ..pooling.prepared.sql import SQL_FIRST
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
@@ -65,6 +66,9 @@ _COPY_MESSAGE: Final = lg.COPY_MESSAGE
 _QUERY: Final = m.QUERY
 _PARSE: Final = m.PARSE
 _SYNC: Final = m.SYNC
+# A simple Query larger than this (header included) is streamed once this much of it is in,
+# when a feature would otherwise read it whole (`_streams`): its start is enough to classify.
+STREAM_HEAD: Final = 16 * 1024
 # Prepared statements: what the rewriting reads whole, and the requests it queues.
 _WHOLE: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.QUERY)
 _REQUESTS: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.EXECUTE, m.SYNC, m.QUERY,
@@ -97,6 +101,8 @@ class RequestReader:
         # The last Parse looked at that changes nothing: the same one again, as drivers send
         # the unnamed statement of a repeated query, is not looked at again.
         self.last_plain_parse = b""
+        # A streamed Query's rest, looked through as it passes (`_streams`, `_scan_rest`).
+        self.scan: ss.QueryScan | None = None
 
     def idle(self) -> bool:
         """Nothing half-read and nothing waiting: the next byte starts a message."""
@@ -145,16 +151,20 @@ class RequestReader:
             if watch and (kind == _QUERY or kind == _PARSE):
                 end = pos + size
                 if end > n:
-                    break  # read whole: its text may change session state
-                found = self._look(kind, data, pos, end)
-                if found and self.reject:
-                    new = self._refusal(found, kind, data, pos, end)
-                    if new:  # failed in its place by PostgreSQL: the statement never runs
-                        data = data[:pos] + new + data[end:]
-                        n, size, found = len(data), len(new), None
+                    if kind == _PARSE or not self._streams(data, pos, n, st):
+                        break  # read whole: its text may change session state
+                    found = self._look_start(data, pos, n)
+                else:
+                    found = self._look(kind, data, pos, end)
+                    if found and self.reject:
+                        new = self._refusal(found, kind, data, pos, end)
+                        if new:  # failed in its place by PostgreSQL: the statement never runs
+                            data = data[:pos] + new + data[end:]
+                            n, size, found = len(data), len(new), None
             if rewriting:
                 end = pos + size
-                if end > n and (st is None or _WHOLE[kind] or st.requests.discarding):
+                if end > n and (st is None or _WHOLE[kind] or st.requests.discarding) and (
+                        kind != _QUERY or not self._streams(data, pos, n, st)):
                     break
                 # The queue takes the requests the ledger says PostgreSQL answers.
                 if st is not None and _REQUESTS[kind] and ledger.answers(kind):
@@ -221,6 +231,8 @@ class RequestReader:
             self.drop = 0
         n = len(data)
         pos = self.skip
+        if pos and self.scan is not None:
+            self._scan_rest(data, pos)
         if pos >= n:
             self.skip = pos - n
             return data, -1
@@ -252,6 +264,40 @@ class RequestReader:
         if kind == _PARSE and not found:
             self.last_plain_parse = data[pos:end]
         return found
+
+    def _streams(self, data: bytes, pos: int, n: int, st: ServerStatements | None) -> bool:
+        """Whether the simple Query at data[pos:], not all in hand, streams on to the server
+        (the rest passes through as it comes, unread) rather than being read whole: once
+        its first STREAM_HEAD bytes are in, unless session_state = reject (its refusal
+        replaces the whole message) or the text could start a SQL-level PREPARE, EXECUTE,
+        DEALLOCATE or DISCARD that the rewriting reads whole (pooling/prepared/sql.py)."""
+        if n - pos < STREAM_HEAD or self.reject or self.admin:
+            return False
+        if self.rewriting and (data[pos + 5] in SQL_FIRST or (
+                st is not None and st.requests.discarding)):
+            return False
+        return True
+
+    def _look_start(self, data: bytes, pos: int, n: int) -> list[ss.Command]:
+        """What the streamed Query at data[pos:], of which data[:n] is in hand, changes
+        (pooling/session_state/streamed.py); the rest is looked through as it passes
+        (`scan`, `_scan_rest`)."""
+        found, words = ss.look_start(data, pos + 5, n)
+        if words:
+            self.scan = ss.QueryScan(words, data[max(pos + 5, n - 16) : n])
+        return found
+
+    def _scan_rest(self, data: bytes, skip: int) -> None:
+        """The next piece of a streamed Query (its first `skip` bytes, or all of `data`):
+        a word `scan` looks for pins the client, as the whole text would have."""
+        scan = self.scan
+        assert scan is not None
+        last = skip <= len(data)
+        if scan.feed(data[:skip] if last else data):
+            self.changes.append(ss.Command(ss.UNTRACKABLE, ss.LONG_STATEMENT))
+            last = True
+        if last:
+            self.scan = None
 
     def _refusal(self, found: list[ss.Command], kind: int, data: bytes, pos: int,
                  end: int) -> bytes:
@@ -286,9 +332,12 @@ class RequestReader:
             self.skip = pos - n
         elif pos < n:
             self.partial[:] = memoryview(data)[pos:]
-            # The whole message's size once its header is here (else its header's).
-            self.need = (be32(data, pos + 1) + 1
-                         if n - pos >= 5 else 5)
+            # The whole message's size once its header is here (else its header's); a
+            # large Query's start first, which may be enough (`_streams`).
+            need = be32(data, pos + 1) + 1 if n - pos >= 5 else 5
+            if need > STREAM_HEAD and data[pos] == _QUERY and n - pos < STREAM_HEAD:
+                need = STREAM_HEAD
+            self.need = need
             data = data[:pos]
         self.began = was_idle and not self.ledger.idle()
         if parts:

@@ -25,7 +25,8 @@ Never touches a socket. What a statement does that its first keyword does not sh
 a function, the second statement of a multi-statement Query) is not seen: a documented limit.
 
 Where each part lives: commands.py (what a statement does: `Command` and its kinds),
-tokenizer.py (reading SQL text), statements.py (`look`, `classify`), record.py (one client's
+tokenizer.py (reading SQL text), statements.py (`look`, `classify`), streamed.py (`look_start`
+for a Query too large to hold whole, classified on its start), record.py (one client's
 `ClientSession`), replay.py (`sync_statements`), reject.py (session_state = reject). Their
 public names are imported from here.
 """
@@ -81,6 +82,11 @@ from .statements import (
     classify,
     look,
 )
+from .streamed import (
+    LONG_STATEMENT,
+    QueryScan,
+    look_start,
+)
 from .tokenizer import (
     single,
     skip_space,
@@ -90,11 +96,13 @@ from .tokenizer import (
 
 __all__ = [
     "CALLS", "CLOSE_ALL", "CREATES", "DISCARD_ALL", "DISCARD_TEMP", "HOLD_CURSOR", "LISTEN",
-    "LISTENED", "LOAD", "LOCK", "NO", "PIN_REASONS", "READ", "RESET", "RESET_ALL", "ROLE",
+    "LISTENED", "LOAD", "LOCK", "LONG_STATEMENT", "NO", "PIN_REASONS", "READ", "RESET",
+    "RESET_ALL", "ROLE",
     "ROLLBACK",
     "ROLLBACK_TO", "SESSION_AUTHORIZATION", "SESSION_SETTINGS", "SET", "TEMP_TABLE",
     "UNLISTEN", "UNLISTEN_ALL", "UNLOCK", "UNLOCK_ALL", "UNTRACKABLE", "ClientSession",
-    "Command", "candidate", "classify", "label", "look", "quote_ident", "refusal",
+    "Command", "QueryScan", "candidate", "classify", "label", "look", "look_start",
+    "quote_ident", "refusal",
     "refusal_message", "refused_message", "single", "skip_space", "statement_end",
     "sync_statements", "tokens", "undo",
 ]

@@ -1,0 +1,167 @@
+"""A simple Query larger than STREAM_HEAD (core/frontend.py `_streams`): classified on its start
+and streamed on with bounded memory where session_state or the prepared-statement rewriting
+would otherwise read it whole; where the start cannot settle what it does, the client is
+pinned (pooling/session_state/streamed.py), and where the rewriting needs the whole text it is
+read whole as before."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from pypool.core.frontend import STREAM_HEAD, RequestReader
+from pypool.pooling import session_state as ss
+from pypool.pooling.pool import PoolStats
+from pypool.pooling.prepared import ClientStatements, ServerStatements
+from pypool.pooling.prepared.registry import Registry, neutral_query
+
+pytestmark = pytest.mark.timeout(60)
+
+MAX_PACKET = 64 << 20
+PIN = ss.Command(ss.UNTRACKABLE, ss.LONG_STATEMENT)
+
+
+def msg(kind: bytes, body: bytes = b"") -> bytes:
+    return kind + struct.pack("!I", len(body) + 4) + body
+
+
+def query(text: bytes) -> bytes:
+    return msg(b"Q", text + b"\x00")
+
+
+SMALL = query(b"SELECT 1")
+BIG = query(b"SELECT length('" + b"x" * (1 << 20) + b"')")
+
+
+def reader(watch: bool = True, rewriting: bool = True) -> RequestReader:
+    r = RequestReader(MAX_PACKET)
+    r.watch = watch
+    r.rewriting = rewriting
+    return r
+
+
+def linked_statements() -> ServerStatements:
+    registry = Registry()
+    server = ServerStatements(registry, 100, PoolStats())
+    server.attach(ClientStatements(registry, 100))
+    return server
+
+
+def stream(r: RequestReader, data: bytes, piece: int = 4096,
+           st: ServerStatements | None = None, linked: bool = True) -> tuple[bytes, int]:
+    """Feed `data` in pieces: what came out, and the most the reader held at once."""
+    out = []
+    held = 0
+    for at in range(0, len(data), piece):
+        out.append(r.feed(data[at : at + piece], st, linked))
+        held = max(held, len(r.partial))
+    return b"".join(out), held
+
+
+@pytest.mark.parametrize("watch,rewriting,linked", [
+    (True, True, True), (True, True, False), (True, False, True), (False, True, True),
+    (False, True, False)])
+def test_a_large_select_streams_with_only_its_start_held(watch: bool, rewriting: bool,
+                                                         linked: bool) -> None:
+    r = reader(watch, rewriting)
+    st = linked_statements() if rewriting and linked else None
+    out, held = stream(r, SMALL + BIG + SMALL, st=st, linked=linked)
+    assert out == SMALL + BIG + SMALL
+    assert held < STREAM_HEAD + 4096
+    assert r.changes == []
+    assert r.ledger.pending == 3
+    assert r.idle() and r.scan is None
+
+
+@given(hs.lists(hs.integers(min_value=1, max_value=len(BIG) + 2 * len(SMALL) - 1),
+                max_size=12))
+@settings(max_examples=100, deadline=None)
+def test_every_byte_goes_on_however_the_stream_is_cut(points: list[int]) -> None:
+    data = SMALL + BIG + SMALL
+    edges = [0, *sorted(set(points)), len(data)]
+    r = reader()
+    st = linked_statements()
+    out = b"".join(r.feed(data[a:b], st, True) for a, b in zip(edges, edges[1:], strict=False))
+    assert out == data
+    assert r.changes == []
+    assert r.ledger.pending == 3
+
+
+def test_a_large_set_pins_its_client_and_is_never_recorded_to_replay() -> None:
+    r = reader()
+    data = query(b"SET myapp.blob = '" + b"y" * (1 << 20) + b"'")
+    out, held = stream(r, data)
+    assert out == data and held < STREAM_HEAD + 4096
+    assert r.changes == [ss.Command(ss.UNTRACKABLE, b"myapp.blob"), PIN]
+    assert all(c.kind != ss.SET for c in r.changes)
+
+
+def test_a_statement_behind_a_comment_longer_than_the_start_pins() -> None:
+    r = reader(rewriting=False)
+    data = query(b"/* " + b"z" * (1 << 18) + b" */ SET work_mem = '1MB'")
+    out, _ = stream(r, data)
+    assert out == data
+    assert r.changes == [PIN]
+
+
+def test_a_set_config_in_the_start_is_recorded_as_a_whole_statement_would_be() -> None:
+    r = reader()
+    data = query(b"SELECT set_config('myapp.a', 'b', false), length('" + b"x" * 100_000
+                 + b"')")
+    out, _ = stream(r, data)
+    assert out == data
+    assert [(c.kind, c.name) for c in r.changes] == [(ss.SET, b"myapp.a")]
+
+
+@pytest.mark.parametrize("late", [b"pg_advisory_lock(1)", b"SET_CONFIG('a.b', 'c', false)"])
+def test_a_call_beyond_the_start_pins_when_it_passes(late: bytes) -> None:
+    r = reader()
+    data = query(b"SELECT length('" + b"x" * 100_000 + b"'), " + late)
+    out = b""
+    changed_at = -1
+    for at in range(0, len(data), 4096):
+        out += r.feed(data[at : at + 4096], None, True)
+        if r.changes and changed_at < 0:
+            changed_at = at
+    assert out == data
+    assert r.changes == [PIN]
+    assert changed_at > STREAM_HEAD  # told while the Query is still on its way
+
+
+def test_a_prepare_behind_the_first_statement_pins() -> None:
+    r = reader()
+    data = query(b"INSERT INTO t VALUES ('" + b"x" * 100_000 + b"'); PREPARE p AS SELECT 1")
+    out, _ = stream(r, data)
+    assert out == data
+    assert r.changes == [PIN]
+
+
+def test_a_word_cut_between_two_reads_is_still_seen() -> None:
+    scan = ss.QueryScan((b"set_config",), b"... SELECT se")
+    assert not scan.feed(b"t_con")
+    assert scan.feed(b"fig(")
+
+
+def test_with_reject_a_large_query_is_still_read_whole() -> None:
+    r = reader(rewriting=False)
+    r.reject = "transaction"
+    out, held = stream(r, BIG)
+    assert out == BIG
+    assert held >= len(BIG) - 4096
+
+
+def test_a_sql_level_command_the_rewriting_reads_is_still_read_whole() -> None:
+    r = reader()
+    data = query(b"PREPARE p AS SELECT length('" + b"x" * 100_000 + b"')")
+    out, held = stream(r, data, st=linked_statements())
+    assert out == data
+    assert held >= len(data) - 4096
+
+
+def test_a_streamed_query_is_never_neutral() -> None:
+    text = b"SELECT 1"
+    assert neutral_query(text, 0, len(text))
+    assert not neutral_query(text, 0, len(text) + 100)
