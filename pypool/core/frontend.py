@@ -69,6 +69,7 @@ _SYNC: Final = m.SYNC
 # A simple Query larger than this (header included) is streamed once this much of it is in,
 # when a feature would otherwise read it whole (`_streams`): its start is enough to classify.
 STREAM_HEAD: Final = 16 * 1024
+_SQL_VERBS: Final = frozenset({b"prepare", b"execute", b"deallocate", b"discard"})
 # Prepared statements: what the rewriting reads whole, and the requests it queues.
 _WHOLE: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.QUERY)
 _REQUESTS: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.EXECUTE, m.SYNC, m.QUERY,
@@ -269,20 +270,37 @@ class RequestReader:
         """Whether the simple Query at data[pos:], not all in hand, streams on to the server
         (the rest passes through as it comes, unread) rather than being read whole: once
         its first STREAM_HEAD bytes are in, unless session_state = reject (its refusal
-        replaces the whole message) or the text could start a SQL-level PREPARE, EXECUTE,
-        DEALLOCATE or DISCARD that the rewriting reads whole (pooling/prepared/sql.py)."""
+        replaces the whole message) or, with prepared statements rewritten, its start is a
+        SQL-level command the rewriting must read whole (`_sql_streams`)."""
         if n - pos < STREAM_HEAD or self.reject or self.admin:
             return False
-        if self.rewriting and (data[pos + 5] in SQL_FIRST or (
-                st is not None and st.requests.discarding)):
+        if self.rewriting and ((st is not None and st.requests.discarding) or (
+                data[pos + 5] in SQL_FIRST and not self._sql_streams(data[pos + 5 : n]))):
             return False
         return True
+
+    def _sql_streams(self, start: bytes) -> bool:
+        """Whether a Query whose text begins with `start`, and could begin with PREPARE,
+        EXECUTE, DEALLOCATE or DISCARD (pooling/prepared/sql.py), streams: when its first
+        word is another one, or it is a PREPARE and session_state pins its client (the
+        pooler cannot record its text to prepare it again elsewhere: `_look_start`).
+        EXECUTE, DEALLOCATE, DISCARD and PREPARE TRANSACTION are read whole."""
+        word = ss.first_word(start)
+        if not word:
+            return False
+        command = prepared.parse_sql_command(start)
+        if command is None:
+            return word not in _SQL_VERBS
+        return command.verb == b"prepare" and word == b"prepare" and self.watch
 
     def _look_start(self, data: bytes, pos: int, n: int) -> list[ss.Command]:
         """What the streamed Query at data[pos:], of which data[:n] is in hand, changes
         (pooling/session_state/streamed.py); the rest is looked through as it passes
-        (`scan`, `_scan_rest`)."""
+        (`scan`, `_scan_rest`). A streamed PREPARE pins its client: the rewriting does not
+        record it (pooling/prepared/sql.py `streamed`)."""
         found, words = ss.look_start(data, pos + 5, n)
+        if self.rewriting and ss.first_word(data[pos + 5 : n]) == b"prepare":
+            found.append(ss.Command(ss.UNTRACKABLE, b"prepare"))
         if words:
             self.scan = ss.QueryScan(words, data[max(pos + 5, n - 16) : n])
         return found

@@ -15,7 +15,7 @@ from hypothesis import strategies as hs
 from pypool.core.frontend import STREAM_HEAD, RequestReader
 from pypool.pooling import session_state as ss
 from pypool.pooling.pool import PoolStats
-from pypool.pooling.prepared import ClientStatements, ServerStatements
+from pypool.pooling.prepared import ClientStatements, Op, ServerStatements
 from pypool.pooling.prepared.registry import Registry, neutral_query
 
 pytestmark = pytest.mark.timeout(60)
@@ -153,12 +153,40 @@ def test_with_reject_a_large_query_is_still_read_whole() -> None:
     assert held >= len(BIG) - 4096
 
 
-def test_a_sql_level_command_the_rewriting_reads_is_still_read_whole() -> None:
-    r = reader()
-    data = query(b"PREPARE p AS SELECT length('" + b"x" * 100_000 + b"')")
+@pytest.mark.parametrize("text,watch", [
+    (b"EXECUTE p('", True), (b"  DEALLOCATE p /* '", True), (b"/* " + b"c" * 20_000, True),
+    (b"PREPARE p AS SELECT length('", False)])
+def test_a_sql_level_command_the_rewriting_reads_is_still_read_whole(text: bytes,
+                                                                     watch: bool) -> None:
+    r = reader(watch=watch)
+    data = query(text + b"x" * 100_000 + b"')")
     out, held = stream(r, data, st=linked_statements())
     assert out == data
     assert held >= len(data) - 4096
+
+
+def test_a_query_behind_whitespace_streams_and_its_server_is_distrusted() -> None:
+    r = reader()
+    st = linked_statements()
+    data = query(b"\n  INSERT INTO t VALUES ('" + b"x" * 100_000 + b"')")
+    out, held = stream(r, data, st=st)
+    assert out == data and held < STREAM_HEAD + 4096
+    assert [request.op for request in st.requests.queue] == [Op.DISTRUST]
+    assert r.changes == []
+
+
+def test_a_large_prepare_streams_pinned_and_is_not_recorded() -> None:
+    registry = Registry()
+    st = ServerStatements(registry, 100, PoolStats())
+    client = ClientStatements(registry, 100)
+    st.attach(client)
+    r = reader()
+    data = query(b"PREPARE p AS SELECT length('" + b"x" * 100_000 + b"')")
+    out, held = stream(r, data, st=st)
+    assert out == data and held < STREAM_HEAD + 4096
+    assert ss.Command(ss.UNTRACKABLE, b"prepare") in r.changes
+    assert [request.op for request in st.requests.queue] == [Op.DISTRUST]
+    assert b"p" not in client.sql
 
 
 def test_a_streamed_query_is_never_neutral() -> None:

@@ -229,24 +229,31 @@ def test_a_256_mib_query_streams_through_in_the_default_configuration(pooler):
     client.close()
 
 
-def test_a_large_set_pins_its_client_and_never_reaches_another(pooler):
-    """A SET whose text is longer than the start the pooler reads cannot be recorded to
-    replay: its client keeps its server (and sees its setting), and the next client of that
-    server finds the setting gone (docs/session-state.md)."""
+@pytest.mark.parametrize("made,seen,left", [
+    ("SET myapp.blob = '{value}'", "SELECT length(current_setting('myapp.blob'))",
+     "SELECT coalesce(current_setting('myapp.blob', true), '')"),
+    ("PREPARE blob AS SELECT length('{value}')", "EXECUTE blob",
+     "SELECT count(*) FILTER (WHERE name = 'blob')::text || '' FROM pg_prepared_statements"),
+], ids=["set", "prepare"])
+def test_a_large_set_or_prepare_pins_its_client_and_never_reaches_another(
+        pooler, made, seen, left):
+    """A SET or SQL-level PREPARE whose text is longer than the start the pooler reads
+    cannot be recorded to replay elsewhere: its client keeps its server (and has what it
+    made there), and the next client of that server finds nothing of it
+    (docs/session-state.md, docs/prepared-statements.md)."""
     p = pooler({"auth_type": "trust", "default_pool_size": "1"})
     value = "y" * (4 * MiB)
     first = RawClient(p.host, p.port, timeout=30)
     first.login("app", "app")
     pid = first.simple_query("SELECT pg_backend_pid()")[0]
-    first.simple_query(f"SET myapp.blob = '{value}'")
-    assert first.simple_query("SELECT length(current_setting('myapp.blob'))")[0] == [
-        [str(len(value))]]
+    first.simple_query(made.format(value=value))
+    assert first.simple_query(seen)[0] == [[str(len(value))]]
     assert first.simple_query("SELECT pg_backend_pid()")[0] == pid  # pinned to it
     assert "pinned to its server (untracked state)" in p.log()
     first.close()
     second = RawClient(p.host, p.port, timeout=30)
     second.login("app", "app")
-    rows = second.simple_query(
-        "SELECT pg_backend_pid(), coalesce(current_setting('myapp.blob', true), '')")[0]
-    assert rows == [[pid[0][0], ""]]  # the same server, and nothing of the SET left
+    rows = second.simple_query(f"SELECT pg_backend_pid(), ({left})")[0]
+    assert rows[0][0] == pid[0][0]  # the same server
+    assert rows[0][1] in ("", "0"), "what the first client made reached the second"
     second.close()

@@ -85,6 +85,7 @@ from .statements import (
 from .streamed import (
     LONG_STATEMENT,
     QueryScan,
+    first_word,
     look_start,
 )
 from .tokenizer import (
@@ -101,7 +102,8 @@ __all__ = [
     "ROLLBACK",
     "ROLLBACK_TO", "SESSION_AUTHORIZATION", "SESSION_SETTINGS", "SET", "TEMP_TABLE",
     "UNLISTEN", "UNLISTEN_ALL", "UNLOCK", "UNLOCK_ALL", "UNTRACKABLE", "ClientSession",
-    "Command", "QueryScan", "candidate", "classify", "label", "look", "look_start",
+    "Command", "QueryScan", "candidate", "classify", "first_word", "label", "look",
+    "look_start",
     "quote_ident", "refusal",
     "refusal_message", "refused_message", "single", "skip_space", "statement_end",
     "sync_statements", "tokens", "undo",

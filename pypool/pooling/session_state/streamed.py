@@ -56,17 +56,26 @@ def look_start(data: bytes, start: int, end: int) -> tuple[list[Command], tuple[
     return found, _SELECT_WORDS if verdict == CALLS else _PREPARE
 
 
-def _first_word(text: bytes) -> int:
-    """For a text that starts with whitespace, a comment, a parenthesis or a session
-    keyword's letters: CALLS for a SELECT, NO for a statement that changes no session state,
-    READ for one that does, or whose first word the start does not hold whole."""
+def first_word(text: bytes) -> bytes:
+    """The first word of the statement that `text` starts (after whitespace, comments and
+    parentheses, as PostgreSQL reads them), lower case; b"" when `text` does not hold it
+    whole."""
     pos = skip_space(text, 0)
     while pos < len(text) and text[pos] == 40:  # (SELECT ...)
         pos = skip_space(text, pos + 1)
     word = WORD.match(text, pos)
     if word is None or word.end() >= len(text):
+        return b""
+    return word.group().lower()
+
+
+def _first_word(text: bytes) -> int:
+    """For a text that starts with whitespace, a comment, a parenthesis or a session
+    keyword's letters: CALLS for a SELECT, NO for a statement that changes no session state,
+    READ for one that does, or whose first word the start does not hold whole."""
+    first = first_word(text)
+    if not first:
         return READ
-    first = word.group().lower()
     if first == b"select":
         return CALLS
     return READ if first in _SESSION_VERBS else NO
