@@ -107,13 +107,13 @@ def test_a_statement_behind_a_comment_longer_than_the_start_pins() -> None:
     assert r.changes == [PIN]
 
 
-def test_a_set_config_in_the_start_is_recorded_as_a_whole_statement_would_be() -> None:
+def test_a_set_config_in_the_start_pins_and_a_lock_there_is_taken() -> None:
     r = reader()
-    data = query(b"SELECT set_config('myapp.a', 'b', false), length('" + b"x" * 100_000
-                 + b"')")
+    data = query(b"SELECT set_config('myapp.a', 'b', false), pg_advisory_lock(1), length('"
+                 + b"x" * 100_000 + b"')")
     out, _ = stream(r, data)
     assert out == data
-    assert [(c.kind, c.name) for c in r.changes] == [(ss.SET, b"myapp.a")]
+    assert r.changes == [ss.Command(ss.UNTRACKABLE, b"myapp.a"), ss.Command(ss.LOCK)]
 
 
 @pytest.mark.parametrize("late", [b"pg_advisory_lock(1)", b"SET_CONFIG('a.b', 'c', false)"])

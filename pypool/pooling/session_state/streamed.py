@@ -8,9 +8,10 @@ the client keeps its server, and what ran there is discarded before anyone else 
 - The first keyword is one that changes session state (SET, RESET, DISCARD, LISTEN, CREATE,
   DECLARE, ...) or lies beyond the start (a comment longer than it): pinned, with what the
   start shows; a SET is never recorded to replay, since its text is not all there.
-- A SELECT: its calls in the start are classified as a whole statement's are (a
-  set_config's replay is made of its literal arguments, a cut one is UNTRACKABLE); the rest
-  is looked through (`QueryScan`) for `advisory` and `set_config` in any case, and a hit pins.
+- A SELECT: its advisory lock calls in the start are classified as a whole statement's are,
+  a set_config(..., false) pins (its last argument may go on beyond the start), and so does
+  a function name after the last call seen whole; the rest is looked through (`QueryScan`)
+  for `advisory` and `set_config` in any case, and a hit pins.
 - Any Query: a PREPARE behind its first statement pins (as `look` does), and the rest is
   looked through for `prepare` in any case, which pins when seen (a word in a literal too:
   the pooler cannot tell, and pins rather than guess).
@@ -23,7 +24,7 @@ from __future__ import annotations
 from typing import Final
 
 from .commands import SET, UNTRACKABLE, Command
-from .statements import CALLS, NO, READ, _first_look, _later_prepare, classify
+from .statements import _SELECT_CALLS, CALLS, NO, READ, _first_look, _later_prepare, classify
 from .tokenizer import WORD, skip_space
 
 # The first keywords that change session state (statements.py `classify`): cut, they pin.
@@ -44,16 +45,31 @@ def look_start(data: bytes, start: int, end: int) -> tuple[list[Command], tuple[
     already)."""
     text = data[start:end]
     verdict = _first_look(text, 0, len(text))
-    if verdict == READ:
+    if verdict != NO or len(text) < 3:  # decided by its first word, once that is whole
         verdict = _first_word(text)
-    if verdict == READ:
+    found: list[Command] = []
+    if verdict != NO:
+        # A SET's replay is never trusted to a cut text: a set_config's last argument may
+        # go on beyond the start (`false OR true`).
         found = [Command(UNTRACKABLE, c.name) if c.kind == SET else c for c in classify(text)]
+    if verdict == READ:
         found.append(Command(UNTRACKABLE, LONG_STATEMENT))
         return found, ()
-    found = classify(text) if verdict == CALLS else []
+    if verdict == CALLS and _call_cut(text):
+        found.append(Command(UNTRACKABLE, LONG_STATEMENT))
     if b";" in text and _later_prepare(text):
         found.append(Command(UNTRACKABLE, b"prepare"))
     return found, _SELECT_WORDS if verdict == CALLS else _PREPARE
+
+
+def _call_cut(text: bytes) -> bool:
+    """Whether the start of a SELECT names a function it looks for after the last call it
+    found whole (`pg_advisory_lock` at its end, its `(` beyond it)."""
+    last = 0
+    for call in _SELECT_CALLS.finditer(text):
+        last = call.end()
+    rest = text[last:].lower()
+    return b"advisory" in rest or b"set_config" in rest
 
 
 def first_word(text: bytes) -> bytes:
