@@ -16,6 +16,13 @@ sent and returns the bytes to send on to its server (or to keep until one is ass
   nothing; the few that pass are classified. What they change is left in
   `changes` for the caller; with `reject` the statement is replaced by one that fails in its
   place (`refused` names it).
+- A large Query. A simple Query larger than STREAM_HEAD is not read whole for either
+  feature: once its first STREAM_HEAD bytes are in (`need` stops there), it is classified
+  on that start and the rest streams through as unread bodies do, with the client's
+  back-pressure (`_streams`; pooling/session_state/streamed.py says what pins when the
+  start cannot settle it, and `scan` looks through the rest as it passes). Read whole as
+  before: with `reject`, on the admin console, and a Query the rewriting must read whole
+  (a SQL-level EXECUTE, DEALLOCATE or DISCARD, or a first word beyond the start).
 - Rewriting. When prepared statements are rewritten (`rewriting`, pooling/prepared/), the
   messages that name a statement are read whole and rewritten by the linked server's
   ServerStatements. With no server yet, whole messages are kept and rewritten at the link
