@@ -16,7 +16,7 @@ sent and returns the bytes to send on to its server (or to keep until one is ass
   nothing; the few that pass are classified. What they change is left in
   `changes` for the caller; with `reject` the statement is replaced by one that fails in its
   place (`refused` names it).
-- A large Query. A simple Query larger than STREAM_HEAD is not read whole for either
+- A large Query. A simple Query larger than STREAM_AT is not read whole for either
   feature: once its first STREAM_HEAD bytes are in (`need` stops there), it is classified
   on that start and the rest streams through as unread bodies do, with the client's
   back-pressure (`_streams`; pooling/session_state/streamed.py says what pins when the
@@ -73,8 +73,12 @@ _COPY_MESSAGE: Final = lg.COPY_MESSAGE
 _QUERY: Final = m.QUERY
 _PARSE: Final = m.PARSE
 _SYNC: Final = m.SYNC
-# A simple Query larger than this (header included) is streamed once this much of it is in,
-# when a feature would otherwise read it whole (`_streams`): its start is enough to classify.
+# A simple Query larger than STREAM_AT (header included), which a feature would read whole,
+# is streamed once its first STREAM_HEAD bytes are in (`_streams`): its start is enough to
+# classify. Up to STREAM_AT it is read whole, as much as a client may have waiting for a
+# server (net/outbox.py), and classified exactly: a pin for a statement the start cannot
+# settle is kept for Queries no one would hold whole.
+STREAM_AT: Final = 1 << 20
 STREAM_HEAD: Final = 16 * 1024
 _SQL_VERBS: Final = frozenset({b"prepare", b"execute", b"deallocate", b"discard"})
 # Prepared statements: what the rewriting reads whole, and the requests it queues.
@@ -159,7 +163,7 @@ class RequestReader:
             if watch and (kind == _QUERY or kind == _PARSE):
                 end = pos + size
                 if end > n:
-                    if kind == _PARSE or not self._streams(data, pos, n, st):
+                    if kind == _PARSE or not self._streams(data, pos, n, size, st):
                         break  # read whole: its text may change session state
                     found = self._look_start(data, pos, n)
                 else:
@@ -172,7 +176,7 @@ class RequestReader:
             if rewriting:
                 end = pos + size
                 if end > n and (st is None or _WHOLE[kind] or st.requests.discarding) and (
-                        kind != _QUERY or not self._streams(data, pos, n, st)):
+                        kind != _QUERY or not self._streams(data, pos, n, size, st)):
                     break
                 # The queue takes the requests the ledger says PostgreSQL answers.
                 if st is not None and _REQUESTS[kind] and ledger.answers(kind):
@@ -273,13 +277,15 @@ class RequestReader:
             self.last_plain_parse = data[pos:end]
         return found
 
-    def _streams(self, data: bytes, pos: int, n: int, st: ServerStatements | None) -> bool:
-        """Whether the simple Query at data[pos:], not all in hand, streams on to the server
-        (the rest passes through as it comes, unread) rather than being read whole: once
-        its first STREAM_HEAD bytes are in, unless session_state = reject (its refusal
-        replaces the whole message) or, with prepared statements rewritten, its start is a
-        SQL-level command the rewriting must read whole (`_sql_streams`)."""
-        if n - pos < STREAM_HEAD or self.reject or self.admin:
+    def _streams(self, data: bytes, pos: int, n: int, size: int,
+                 st: ServerStatements | None) -> bool:
+        """Whether the simple Query at data[pos:], of `size` bytes, not all in hand, streams
+        on to the server (the rest passes through as it comes, unread) rather than being
+        read whole: one larger than STREAM_AT, once its first STREAM_HEAD bytes are in,
+        unless session_state = reject (its refusal replaces the whole message) or, with
+        prepared statements rewritten, its start is a SQL-level command the rewriting must
+        read whole (`_sql_streams`)."""
+        if size <= STREAM_AT or n - pos < STREAM_HEAD or self.reject or self.admin:
             return False
         if self.rewriting and ((st is not None and st.requests.discarding) or (
                 data[pos + 5] in SQL_FIRST and not self._sql_streams(data[pos + 5 : n]))):
@@ -360,7 +366,7 @@ class RequestReader:
             # The whole message's size once its header is here (else its header's); a
             # large Query's start first, which may be enough (`_streams`).
             need = be32(data, pos + 1) + 1 if n - pos >= 5 else 5
-            if need > STREAM_HEAD and data[pos] == _QUERY and n - pos < STREAM_HEAD:
+            if need > STREAM_AT and data[pos] == _QUERY and n - pos < STREAM_HEAD:
                 need = STREAM_HEAD
             self.need = need
             data = data[:pos]

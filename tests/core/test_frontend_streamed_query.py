@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from pypool.core.frontend import STREAM_HEAD, RequestReader
+from pypool.core.frontend import STREAM_AT, STREAM_HEAD, RequestReader
 from pypool.pooling import session_state as ss
 from pypool.pooling.pool import PoolStats
 from pypool.pooling.prepared import ClientStatements, Op, ServerStatements
@@ -33,7 +33,7 @@ def query(text: bytes) -> bytes:
 
 
 SMALL = query(b"SELECT 1")
-BIG = query(b"SELECT length('" + b"x" * (1 << 20) + b"')")
+BIG = query(b"SELECT length('" + b"x" * STREAM_AT + b"')")
 
 
 def reader(watch: bool = True, rewriting: bool = True) -> RequestReader:
@@ -90,9 +90,18 @@ def test_every_byte_goes_on_however_the_stream_is_cut(points: list[int]) -> None
     assert r.ledger.pending == 3
 
 
+def test_a_query_up_to_stream_at_is_read_whole_and_classified_exactly() -> None:
+    r = reader()
+    text = b"SET myapp.blob = '" + b"y" * (STREAM_AT - 100) + b"'"
+    out, held = stream(r, query(text))
+    assert out == query(text)
+    assert held > STREAM_AT - 3 * 4096
+    assert r.changes == [ss.Command(ss.SET, b"myapp.blob", text)]
+
+
 def test_a_large_set_pins_its_client_and_is_never_recorded_to_replay() -> None:
     r = reader()
-    data = query(b"SET myapp.blob = '" + b"y" * (1 << 20) + b"'")
+    data = query(b"SET myapp.blob = '" + b"y" * STREAM_AT + b"'")
     out, held = stream(r, data)
     assert out == data and held < STREAM_HEAD + 4096
     assert r.changes == [ss.Command(ss.UNTRACKABLE, b"myapp.blob"), PIN]
@@ -101,7 +110,7 @@ def test_a_large_set_pins_its_client_and_is_never_recorded_to_replay() -> None:
 
 def test_a_statement_behind_a_comment_longer_than_the_start_pins() -> None:
     r = reader(rewriting=False)
-    data = query(b"/* " + b"z" * (1 << 18) + b" */ SET work_mem = '1MB'")
+    data = query(b"/* " + b"z" * STREAM_AT + b" */ SET work_mem = '1MB'")
     out, _ = stream(r, data)
     assert out == data
     assert r.changes == [PIN]
@@ -110,7 +119,7 @@ def test_a_statement_behind_a_comment_longer_than_the_start_pins() -> None:
 def test_a_set_config_in_the_start_pins_and_a_lock_there_is_taken() -> None:
     r = reader()
     data = query(b"SELECT set_config('myapp.a', 'b', false), pg_advisory_lock(1), length('"
-                 + b"x" * 100_000 + b"')")
+                 + b"x" * STREAM_AT + b"')")
     out, _ = stream(r, data)
     assert out == data
     assert r.changes == [ss.Command(ss.UNTRACKABLE, b"myapp.a"), ss.Command(ss.LOCK)]
@@ -119,7 +128,7 @@ def test_a_set_config_in_the_start_pins_and_a_lock_there_is_taken() -> None:
 @pytest.mark.parametrize("late", [b"pg_advisory_lock(1)", b"SET_CONFIG('a.b', 'c', false)"])
 def test_a_call_beyond_the_start_pins_when_it_passes(late: bytes) -> None:
     r = reader()
-    data = query(b"SELECT length('" + b"x" * 100_000 + b"'), " + late)
+    data = query(b"SELECT length('" + b"x" * STREAM_AT + b"'), " + late)
     out = b""
     changed_at = -1
     for at in range(0, len(data), 4096):
@@ -133,7 +142,7 @@ def test_a_call_beyond_the_start_pins_when_it_passes(late: bytes) -> None:
 
 def test_a_prepare_behind_the_first_statement_pins() -> None:
     r = reader()
-    data = query(b"INSERT INTO t VALUES ('" + b"x" * 100_000 + b"'); PREPARE p AS SELECT 1")
+    data = query(b"INSERT INTO t VALUES ('" + b"x" * STREAM_AT + b"'); PREPARE p AS SELECT 1")
     out, _ = stream(r, data)
     assert out == data
     assert r.changes == [PIN]
@@ -159,7 +168,7 @@ def test_with_reject_a_large_query_is_still_read_whole() -> None:
 def test_a_sql_level_command_the_rewriting_reads_is_still_read_whole(text: bytes,
                                                                      watch: bool) -> None:
     r = reader(watch=watch)
-    data = query(text + b"x" * 100_000 + b"')")
+    data = query(text + b"x" * STREAM_AT + b"')")
     out, held = stream(r, data, st=linked_statements())
     assert out == data
     assert held >= len(data) - 4096
@@ -168,7 +177,7 @@ def test_a_sql_level_command_the_rewriting_reads_is_still_read_whole(text: bytes
 def test_a_query_behind_whitespace_streams_and_its_server_is_distrusted() -> None:
     r = reader()
     st = linked_statements()
-    data = query(b"\n  INSERT INTO t VALUES ('" + b"x" * 100_000 + b"')")
+    data = query(b"\n  INSERT INTO t VALUES ('" + b"x" * STREAM_AT + b"')")
     out, held = stream(r, data, st=st)
     assert out == data and held < STREAM_HEAD + 4096
     assert [request.op for request in st.requests.queue] == [Op.DISTRUST]
@@ -181,7 +190,7 @@ def test_a_large_prepare_streams_pinned_and_is_not_recorded() -> None:
     client = ClientStatements(registry, 100)
     st.attach(client)
     r = reader()
-    data = query(b"PREPARE p AS SELECT length('" + b"x" * 100_000 + b"')")
+    data = query(b"PREPARE p AS SELECT length('" + b"x" * STREAM_AT + b"')")
     out, held = stream(r, data, st=st)
     assert out == data and held < STREAM_HEAD + 4096
     assert ss.Command(ss.UNTRACKABLE, b"prepare") in r.changes
