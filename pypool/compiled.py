@@ -50,6 +50,7 @@ HOT_MODULES = (
     "pypool.pooling.session_state.commands",
     "pypool.pooling.session_state.tokenizer",
     "pypool.pooling.session_state.statements",
+    "pypool.pooling.session_state.streamed",
     "pypool.pooling.session_state.record",
     "pypool.pooling.session_state.replay",
     "pypool.pooling.session_state.reject",

@@ -16,6 +16,13 @@ sent and returns the bytes to send on to its server (or to keep until one is ass
   nothing; the few that pass are classified. What they change is left in
   `changes` for the caller; with `reject` the statement is replaced by one that fails in its
   place (`refused` names it).
+- A large Query. A simple Query larger than STREAM_AT is not read whole for either
+  feature: once its first STREAM_HEAD bytes are in (`need` stops there), it is classified
+  on that start and the rest streams through as unread bodies do, with the client's
+  back-pressure (`_streams`; pooling/session_state/streamed.py says what pins when the
+  start cannot settle it, and `scan` looks through the rest as it passes). Read whole as
+  before: with `reject`, on the admin console, and a Query the rewriting must read whole
+  (a SQL-level EXECUTE, DEALLOCATE or DISCARD, or a first word beyond the start).
 - Rewriting. When prepared statements are rewritten (`rewriting`, pooling/prepared/), the
   messages that name a statement are read whole and rewritten by the linked server's
   ServerStatements. With no server yet, whole messages are kept and rewritten at the link
@@ -39,6 +46,7 @@ from typing import TYPE_CHECKING, Final
 
 from ..pooling import prepared
 from ..pooling import session_state as ss
+from ..pooling.prepared.sql import SQL_FIRST
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
@@ -65,6 +73,14 @@ _COPY_MESSAGE: Final = lg.COPY_MESSAGE
 _QUERY: Final = m.QUERY
 _PARSE: Final = m.PARSE
 _SYNC: Final = m.SYNC
+# A simple Query larger than STREAM_AT (header included), which a feature would read whole,
+# is streamed once its first STREAM_HEAD bytes are in (`_streams`): its start is enough to
+# classify. Up to STREAM_AT it is read whole, as much as a client may have waiting for a
+# server (net/outbox.py), and classified exactly: a pin for a statement the start cannot
+# settle is kept for Queries no one would hold whole.
+STREAM_AT: Final = 1 << 20
+STREAM_HEAD: Final = 16 * 1024
+_SQL_VERBS: Final = frozenset({b"prepare", b"execute", b"deallocate", b"discard"})
 # Prepared statements: what the rewriting reads whole, and the requests it queues.
 _WHOLE: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.QUERY)
 _REQUESTS: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.EXECUTE, m.SYNC, m.QUERY,
@@ -97,6 +113,8 @@ class RequestReader:
         # The last Parse looked at that changes nothing: the same one again, as drivers send
         # the unnamed statement of a repeated query, is not looked at again.
         self.last_plain_parse = b""
+        # A streamed Query's rest, looked through as it passes (`_streams`, `_scan_rest`).
+        self.scan: ss.QueryScan | None = None
 
     def idle(self) -> bool:
         """Nothing half-read and nothing waiting: the next byte starts a message."""
@@ -145,16 +163,20 @@ class RequestReader:
             if watch and (kind == _QUERY or kind == _PARSE):
                 end = pos + size
                 if end > n:
-                    break  # read whole: its text may change session state
-                found = self._look(kind, data, pos, end)
-                if found and self.reject:
-                    new = self._refusal(found, kind, data, pos, end)
-                    if new:  # failed in its place by PostgreSQL: the statement never runs
-                        data = data[:pos] + new + data[end:]
-                        n, size, found = len(data), len(new), None
+                    if kind == _PARSE or not self._streams(data, pos, n, size, st):
+                        break  # read whole: its text may change session state
+                    found = self._look_start(data, pos, n)
+                else:
+                    found = self._look(kind, data, pos, end)
+                    if found and self.reject:
+                        new = self._refusal(found, kind, data, pos, end)
+                        if new:  # failed in its place by PostgreSQL: the statement never runs
+                            data = data[:pos] + new + data[end:]
+                            n, size, found = len(data), len(new), None
             if rewriting:
                 end = pos + size
-                if end > n and (st is None or _WHOLE[kind] or st.requests.discarding):
+                if end > n and (st is None or _WHOLE[kind] or st.requests.discarding) and (
+                        kind != _QUERY or not self._streams(data, pos, n, size, st)):
                     break
                 # The queue takes the requests the ledger says PostgreSQL answers.
                 if st is not None and _REQUESTS[kind] and ledger.answers(kind):
@@ -221,6 +243,8 @@ class RequestReader:
             self.drop = 0
         n = len(data)
         pos = self.skip
+        if pos and self.scan is not None:
+            self._scan_rest(data, pos)
         if pos >= n:
             self.skip = pos - n
             return data, -1
@@ -252,6 +276,59 @@ class RequestReader:
         if kind == _PARSE and not found:
             self.last_plain_parse = data[pos:end]
         return found
+
+    def _streams(self, data: bytes, pos: int, n: int, size: int,
+                 st: ServerStatements | None) -> bool:
+        """Whether the simple Query at data[pos:], of `size` bytes, not all in hand, streams
+        on to the server (the rest passes through as it comes, unread) rather than being
+        read whole: one larger than STREAM_AT, once its first STREAM_HEAD bytes are in,
+        unless session_state = reject (its refusal replaces the whole message) or, with
+        prepared statements rewritten, its start is a SQL-level command the rewriting must
+        read whole (`_sql_streams`)."""
+        if size <= STREAM_AT or n - pos < STREAM_HEAD or self.reject or self.admin:
+            return False
+        if self.rewriting and ((st is not None and st.requests.discarding) or (
+                data[pos + 5] in SQL_FIRST and not self._sql_streams(data[pos + 5 : n]))):
+            return False
+        return True
+
+    def _sql_streams(self, start: bytes) -> bool:
+        """Whether a Query whose text begins with `start`, and could begin with PREPARE,
+        EXECUTE, DEALLOCATE or DISCARD (pooling/prepared/sql.py), streams: when its first
+        word is another one, or it is a PREPARE and session_state pins its client (the
+        pooler cannot record its text to prepare it again elsewhere: `_look_start`).
+        EXECUTE, DEALLOCATE, DISCARD and PREPARE TRANSACTION are read whole."""
+        word = ss.first_word(start)
+        if not word:
+            return False
+        command = prepared.parse_sql_command(start)
+        if command is None:
+            return word not in _SQL_VERBS
+        return command.verb == b"prepare" and word == b"prepare" and self.watch
+
+    def _look_start(self, data: bytes, pos: int, n: int) -> list[ss.Command]:
+        """What the streamed Query at data[pos:], of which data[:n] is in hand, changes
+        (pooling/session_state/streamed.py); the rest is looked through as it passes
+        (`scan`, `_scan_rest`). A streamed PREPARE pins its client: the rewriting does not
+        record it (pooling/prepared/sql.py `streamed`)."""
+        found, words = ss.look_start(data, pos + 5, n)
+        if self.rewriting and ss.first_word(data[pos + 5 : n]) == b"prepare":
+            found.append(ss.Command(ss.UNTRACKABLE, b"prepare"))
+        if words:
+            self.scan = ss.QueryScan(words, data[max(pos + 5, n - 16) : n])
+        return found
+
+    def _scan_rest(self, data: bytes, skip: int) -> None:
+        """The next piece of a streamed Query (its first `skip` bytes, or all of `data`):
+        a word `scan` looks for pins the client, as the whole text would have."""
+        scan = self.scan
+        assert scan is not None
+        last = skip <= len(data)
+        if scan.feed(data[:skip] if last else data):
+            self.changes.append(ss.Command(ss.UNTRACKABLE, ss.LONG_STATEMENT))
+            last = True
+        if last:
+            self.scan = None
 
     def _refusal(self, found: list[ss.Command], kind: int, data: bytes, pos: int,
                  end: int) -> bytes:
@@ -286,9 +363,12 @@ class RequestReader:
             self.skip = pos - n
         elif pos < n:
             self.partial[:] = memoryview(data)[pos:]
-            # The whole message's size once its header is here (else its header's).
-            self.need = (be32(data, pos + 1) + 1
-                         if n - pos >= 5 else 5)
+            # The whole message's size once its header is here (else its header's); a
+            # large Query's start first, which may be enough (`_streams`).
+            need = be32(data, pos + 1) + 1 if n - pos >= 5 else 5
+            if need > STREAM_AT and data[pos] == _QUERY and n - pos < STREAM_HEAD:
+                need = STREAM_HEAD
+            self.need = need
             data = data[:pos]
         self.began = was_idle and not self.ledger.idle()
         if parts:

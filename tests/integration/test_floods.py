@@ -225,3 +225,78 @@ def test_pipelined_queries_never_read_back_leave_everyone_served(pooler, extende
     # took the oldest of a million owed requests off a list's front).
     assert canary.worst < 2.5, f"the canary waited {canary.worst:.1f} s"
     client.close()
+
+
+class _PeakRss:
+    """The pooler's largest RSS while the block runs, sampled every 20 ms."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = rss_mib(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, rss_mib(self.pid))
+
+    def __enter__(self) -> _PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def test_a_256_mib_query_streams_through_in_the_default_configuration(pooler):
+    """session_state = follow and prepared-statement rewriting (the defaults) classify a
+    simple Query on its start: a 256 MiB one streams to its server (as PgBouncer's does)
+    instead of being read whole (+260 MB), and its answer is right."""
+    p = pooler({"auth_type": "trust"})
+    client = RawClient(p.host, p.port, timeout=90)
+    client.login("app", "app")
+    assert client.simple_query("SELECT 1")[0] == [["1"]]  # a server, warm
+    size = 256 * MiB
+    before = rss_mib(p.proc.pid)
+    with _PeakRss(p.proc.pid) as rss:
+        client.send(m.query("SELECT length('" + "x" * size + "')"))
+        rows: list[list[str | None]] = []
+        for kind, body in client.read_until(m.READY_FOR_QUERY):
+            assert kind != m.ERROR_RESPONSE, m.parse_error_fields(body)
+            if kind == m.DATA_ROW:
+                rows.append(m.parse_data_row(body))
+    assert rows == [[str(size)]]
+    assert rss.peak - before < 64, f"RSS grew {rss.peak - before:.0f} MiB for the Query"
+    assert client.simple_query("SELECT 2")[0] == [["2"]]
+    client.close()
+
+
+@pytest.mark.parametrize("made,seen,left", [
+    ("SET myapp.blob = '{value}'", "SELECT length(current_setting('myapp.blob'))",
+     "SELECT coalesce(current_setting('myapp.blob', true), '')"),
+    ("PREPARE blob AS SELECT length('{value}')", "EXECUTE blob",
+     "SELECT count(*) FILTER (WHERE name = 'blob')::text || '' FROM pg_prepared_statements"),
+], ids=["set", "prepare"])
+def test_a_large_set_or_prepare_pins_its_client_and_never_reaches_another(
+        pooler, made, seen, left):
+    """A SET or SQL-level PREPARE whose text is longer than the start the pooler reads
+    cannot be recorded to replay elsewhere: its client keeps its server (and has what it
+    made there), and the next client of that server finds nothing of it
+    (docs/session-state.md, docs/prepared-statements.md)."""
+    p = pooler({"auth_type": "trust", "default_pool_size": "1"})
+    value = "y" * (4 * MiB)
+    first = RawClient(p.host, p.port, timeout=30)
+    first.login("app", "app")
+    pid = first.simple_query("SELECT pg_backend_pid()")[0]
+    first.simple_query(made.format(value=value))
+    assert first.simple_query(seen)[0] == [[str(len(value))]]
+    assert first.simple_query("SELECT pg_backend_pid()")[0] == pid  # pinned to it
+    assert "pinned to its server (untracked state)" in p.log()
+    first.close()
+    second = RawClient(p.host, p.port, timeout=30)
+    second.login("app", "app")
+    rows = second.simple_query(f"SELECT pg_backend_pid(), ({left})")[0]
+    assert rows[0][0] == pid[0][0]  # the same server
+    assert rows[0][1] in ("", "0"), "what the first client made reached the second"
+    second.close()

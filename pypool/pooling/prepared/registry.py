@@ -61,8 +61,9 @@ def neutral_text(data: bytes, start: int) -> bool:
 
 def neutral_query(data: bytes, start: int, end: int) -> bool:
     """Whether the simple Query text data[start:end] is one neutral statement (as
-    `Statement.neutral`): no semicolon but trailing ones, even inside a string literal."""
-    if not neutral_text(data, start):
+    `Statement.neutral`): no semicolon but trailing ones, even inside a string literal.
+    Never a text not all in `data` (a Query streamed to its server: core/frontend.py)."""
+    if end > len(data) or not neutral_text(data, start):
         return False
     semicolon = data.find(b";", start, end)
     return semicolon < 0 or not data[semicolon:end].strip(b"; \t\r\n")

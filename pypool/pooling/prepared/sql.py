@@ -146,6 +146,8 @@ class SqlNames:
         """A simple Query at data[pos:end] whose first byte could start a PREPARE, EXECUTE,
         DEALLOCATE or DISCARD: what to send instead (as ServerStatements.from_client)."""
         requests = self.requests
+        if end > len(data):
+            return self.streamed(client, data, pos)
         command = parse_sql_command(data[pos + 5 : end - 1])
         if command is None or client is None:
             if (client is not None and touches_text(data, pos + 5, end - 1)
@@ -207,6 +209,31 @@ class SqlNames:
         if message is None:
             return out + data[pos:end] if out else None
         return out + message
+
+    def streamed(self, client: ClientStatements | None, data: bytes,
+                 pos: int) -> bytes | Hold | None:
+        """A Query streamed to the server (core/frontend.py), of which only data[pos:], its
+        start, is here: never an EXECUTE, DEALLOCATE or DISCARD, which are read whole. What
+        its whole text could do is assumed: it may change the server's statements unseen
+        (distrusted, as a DO block is). A PREPARE is not recorded, since its text is not all
+        here to prepare it again elsewhere: its client is pinned to this server instead
+        (session_state), and another client's statement of that name is dropped first, as
+        for any PREPARE."""
+        requests = self.requests
+        if client is None:
+            requests.push(PLAIN_QUERY)
+            return None
+        if requests.undoable and requests.must_wait():
+            return WAIT
+        command = parse_sql_command(data[pos + 5 :])
+        out = b""
+        if command is not None and command.verb == b"prepare":
+            name = command.name
+            if name not in client.sql and name in self.names:
+                out = self._drop(name)
+        requests.push(Request(Wait.READY, False, Op.DISTRUST, None, None, requests.segment))
+        requests.segment += 1
+        return out + data[pos:] if out else None
 
     def _hidden(self, text: bytes, name: bytes, prepared: bytes | None) -> bytes:
         """Queue a pooler-issued SQL-level PREPARE (`prepared` is its text) or DEALLOCATE."""

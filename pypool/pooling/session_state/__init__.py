@@ -25,7 +25,8 @@ Never touches a socket. What a statement does that its first keyword does not sh
 a function, the second statement of a multi-statement Query) is not seen: a documented limit.
 
 Where each part lives: commands.py (what a statement does: `Command` and its kinds),
-tokenizer.py (reading SQL text), statements.py (`look`, `classify`), record.py (one client's
+tokenizer.py (reading SQL text), statements.py (`look`, `classify`), streamed.py (`look_start`
+for a Query too large to hold whole, classified on its start), record.py (one client's
 `ClientSession`), replay.py (`sync_statements`), reject.py (session_state = reject). Their
 public names are imported from here.
 """
@@ -82,6 +83,12 @@ from .statements import (
     look,
     set_config_statement,
 )
+from .streamed import (
+    LONG_STATEMENT,
+    QueryScan,
+    first_word,
+    look_start,
+)
 from .tokenizer import (
     single,
     skip_space,
@@ -99,4 +106,6 @@ __all__ = [
     "refusal_message", "refused_message", "set_config_statement", "single", "skip_space",
     "statement_end",
     "sync_statements", "tokens", "undo",
+    # a Query too large to hold whole (streamed.py)
+    "LONG_STATEMENT", "QueryScan", "first_word", "look_start",
 ]
