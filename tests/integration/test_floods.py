@@ -300,3 +300,34 @@ def test_a_large_set_or_prepare_pins_its_client_and_never_reaches_another(
     assert rows[0][0] == pid[0][0]  # the same server
     assert rows[0][1] in ("", "0"), "what the first client made reached the second"
     second.close()
+
+
+def test_large_queries_stream_beside_others_with_pipelining(pooler):
+    """pipeline_depth = 4, pool 1: two clients each send a 4 MiB Query (streamed) between
+    small ones, taking turns on the one server; every answer is its own and right."""
+    p = pooler({"auth_type": "trust", "pipeline_depth": "4", "default_pool_size": "1"})
+    clients = [RawClient(p.host, p.port, timeout=60) for _ in range(2)]
+    try:
+        for client in clients:
+            client.login("app", "app")
+        for round_ in range(3):
+            for n, client in enumerate(clients):
+                size = 4 * MiB + n * 1000 + round_
+                client.send(m.query(f"SELECT {n}") + m.query("SELECT length('" + "y" * size
+                                                             + "')"))
+            for n, client in enumerate(clients):
+                assert _rows(client) == [[str(n)]]
+                assert _rows(client) == [[str(4 * MiB + n * 1000 + round_)]]
+    finally:
+        for client in clients:
+            client.close()
+
+
+def _rows(client: RawClient) -> list[list[str | None]]:
+    """The rows of the next query's answer, up to its ReadyForQuery (no error allowed)."""
+    rows: list[list[str | None]] = []
+    for kind, body in client.read_until(m.READY_FOR_QUERY):
+        assert kind != m.ERROR_RESPONSE, m.parse_error_fields(body)
+        if kind == m.DATA_ROW:
+            rows.append(m.parse_data_row(body))
+    return rows
