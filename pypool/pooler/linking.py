@@ -35,7 +35,7 @@ from ..pooling.params import covers
 from ..pooling.session_state import sync_statements
 from ..protocol import errors
 from ..protocol.errors import PoolerError
-from . import replication
+from . import replication, takeover
 
 if TYPE_CHECKING:
     from ..net.records import ClientRecord, ServerRecord
@@ -222,6 +222,8 @@ def release(pooler: Pooler, client: ClientRecord, now: float = 0.0,
         client.fail(errors.shutting_down())
     elif client.reader.blocked:
         outbox.resume_rewriting(client)  # what it sent meanwhile goes to its next server
+    elif pooler.passing_clients:
+        takeover.catch(client)  # an online restart: passed on from its boundary
 
 
 def _hand_back(pooler: Pooler, server: ServerRecord, now: float) -> None:

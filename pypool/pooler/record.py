@@ -101,6 +101,7 @@ class PoolerRecord:
         # is taking over now, and, in the new process, the sockets it was passed.
         self.takeover_socket: socket.socket | None = None
         self.handing_over = False
+        self.passing_clients = False  # and it serves now: each client paused at its release
         self.taken: Takeover | None = None
         self.stopped = self.loop.create_future()
         self.janitor_task: asyncio.Task[None] | None = None

@@ -38,6 +38,7 @@ import logging
 import os
 import socket
 import struct
+import sys
 from typing import TYPE_CHECKING, Any, Final
 
 from ..core.states import ClientEvent, ClientState
@@ -324,12 +325,23 @@ def _passable(client: ClientRecord) -> bool:
     )
 
 
+def catch(client: ClientRecord) -> None:
+    """`client`'s server was just released while this process passes its clients on: pause
+    it now, if passable, before it sends its next transaction. A busy client is idle only
+    between its ReadyForQuery and its next query; `_suspend`'s poll alone would see it
+    there by luck, and tell it `server shutting down` at suspend_timeout."""
+    if _passable(client) and client.transport is not None:
+        client.transport.pause_reading()
+
+
 async def _suspend(pooler: Pooler) -> list[ClientRecord]:
-    """Pause each client as it becomes passable, until all are (the console's sessions
-    and TLS clients aside) or suspend_timeout has passed. The paused, in that order."""
+    """Pause each client as it becomes passable (at its release: `catch`; the idle ones
+    here), until all are (the console's sessions and TLS clients aside) or suspend_timeout
+    has passed. The paused, in that order."""
     timeout = pooler.settings.pooler.suspend_timeout or 10.0
     deadline = pooler.now() + timeout
     paused: dict[ClientRecord, None] = {}
+    pooler.passing_clients = True
     while True:
         # Servers the old process no longer needs go now: the new one opens its own, and
         # the two together must not hold max_db_connections twice over.
@@ -537,6 +549,9 @@ def _restore(pooler: Pooler, client: ClientRecord, state: dict[str, Any]) -> Non
         client.database = str(state["database"])
         client.startup_params = {str(k): str(v) for k, v in state["startup_params"].items()}
         client.params = {str(k): str(v) for k, v in state["params"].items()}
+        host, port = state["peer"]
+        # Its own address, as it was there: a PROXY header's, not the balancer's.
+        client.peer = (sys.intern(str(host)), int(port))
         key = (int(state["cancel_key"][0]), int(state["cancel_key"][1]))
         pooler.clients.add(client)
         pooler.client_counts.admit(pooler.settings, client)
