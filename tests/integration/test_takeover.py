@@ -173,6 +173,43 @@ def test_a_transaction_still_open_at_suspend_timeout_is_not_passed(
         assert idle.execute("SELECT 3").fetchone() == (3,)
 
 
+def test_a_client_running_transactions_back_to_back_is_passed(
+        pooler: Any, rebooted: list[subprocess.Popen[bytes]]) -> None:
+    """A client that never rests (its next transaction follows each ReadyForQuery at once)
+    is paused at the release of its server and passed: it sees no error, and its
+    transactions go on in the new process without a reconnect."""
+    p = pooler(ini_overrides={"suspend_timeout": "3"})
+    stop = threading.Event()
+    done: list[int] = []
+    failed: list[BaseException] = []
+    pids: set[int] = set()
+
+    def busy(conn: psycopg.Connection[Any]) -> None:
+        try:
+            while not stop.is_set():
+                with conn.transaction():
+                    pids.add(int(conn.execute("SELECT pg_backend_pid()").fetchone()[0]))
+                done.append(1)
+        except psycopg.Error as exc:
+            failed.append(exc)
+
+    with connect(p.dsn()) as conn:
+        worker = threading.Thread(target=busy, args=(conn,), daemon=True)
+        worker.start()
+        assert wait_for(lambda: len(done) > 50, 5)
+        new_log = p.ini_path.parent / "rebooted.log"
+        rebooted.append(_start_reboot(p.ini_path, new_log))
+        assert p.proc.wait(15) == 0, p.log()
+        assert "still busy" not in p.log(), p.log()
+        assert "takeover: 1 clients passed" in p.log(), p.log()
+        before = len(done)
+        assert wait_for(lambda: len(done) > before + 50, 5), (failed, new_log.read_text())
+        stop.set()
+        worker.join(5)
+    assert failed == []
+    assert "takeover: 1 clients adopted" in new_log.read_text(), new_log.read_text()
+
+
 def test_a_new_process_that_fails_to_start_changes_nothing(
         pooler: Any, rebooted: list[subprocess.Popen[bytes]]) -> None:
     """The old process stops listening only once the new one says it serves: one that takes

@@ -244,3 +244,22 @@ def test_a_sigint_shutdown_lets_the_transaction_finish_then_tells_its_client(
     assert errors_in(received)[0]["M"] == "server shutting down"
     assert busy.state is ClientState.CLOSED and server.transport.closed
     assert net.pooler.stopped.done()
+
+
+def test_while_clients_are_passed_on_each_is_paused_at_its_release(fake_pooler: Any) -> None:
+    """An online restart (pooler/takeover.py): once the old process passes its clients on, a
+    busy client stops being read the moment its server is released, before its next
+    transaction can arrive; not inside a transaction, and not when no restart is under way."""
+    net = fake_pooler()
+    client, server = net.client_with_server()
+    client.send(m.query("SELECT 1"))
+    server.send(select_one())
+    assert client.state is ClientState.IDLE and client.transport.reading  # no restart
+    net.pooler.passing_clients = True
+    client.send(m.query("BEGIN"))
+    server.send(command("BEGIN", m.TX_IN_BLOCK))
+    assert client.state is ClientState.ACTIVE and client.transport.reading  # mid-transaction
+    client.send(m.query("COMMIT"))
+    server.send(command("COMMIT"))
+    assert client.state is ClientState.IDLE and not client.transport.reading
+    assert net.pool().idle == [server.conn]
