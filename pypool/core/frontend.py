@@ -130,8 +130,6 @@ class RequestReader:
     def feed(self, data: bytes, st: ServerStatements | None, linked: bool) -> bytes:
         """Frame, count and rewrite `data` for the linked server's statements `st` (None
         with no server, or when nothing is rewritten); `linked`: a server is linked."""
-        self.began = False
-        self.segment_end = 0
         data, pos = self._resume(data)
         if pos < 0:
             return data
@@ -161,18 +159,11 @@ class RequestReader:
                 return self._ending(done, data, pos, parts, start)
             found: list[ss.Command] | None = None
             if watch and (kind == _QUERY or kind == _PARSE):
-                end = pos + size
-                if end > n:
-                    if kind == _PARSE or not self._streams(data, pos, n, size, st):
-                        break  # read whole: its text may change session state
-                    found = self._look_start(data, pos, n)
-                else:
-                    found = self._look(kind, data, pos, end)
-                    if found and self.reject:
-                        new = self._refusal(found, kind, data, pos, end)
-                        if new:  # failed in its place by PostgreSQL: the statement never runs
-                            data = data[:pos] + new + data[end:]
-                            n, size, found = len(data), len(new), None
+                looked = self._watched(kind, data, pos, n, size, st)
+                if looked is None:
+                    break  # read whole: its text may change session state
+                data, size, found = looked
+                n = len(data)
             if rewriting:
                 end = pos + size
                 if end > n and (st is None or _WHOLE[kind] or st.requests.discarding) and (
@@ -219,9 +210,29 @@ class RequestReader:
             pos += size
         return self._finish(data, pos, parts, start, done, was_idle)
 
+    def _watched(self, kind: int, data: bytes, pos: int, n: int, size: int,
+                 st: ServerStatements | None
+                 ) -> tuple[bytes, int, list[ss.Command] | None] | None:
+        """The session-state look at a Query or Parse at `pos` (`watch`): the bytes to walk
+        on, the message's size in them and the commands it holds; None to read it whole
+        first. A refused statement is replaced in place by one PostgreSQL fails."""
+        end = pos + size
+        if end > n:
+            if kind == _PARSE or not self._streams(data, pos, n, size, st):
+                return None
+            return data, size, self._look_start(data, pos, n)
+        found = self._look(kind, data, pos, end)
+        if found and self.reject:
+            new = self._refusal(found, kind, data, pos, end)
+            if new:  # failed in its place by PostgreSQL: the statement never runs
+                return data[:pos] + new + data[end:], len(new), None
+        return data, size, found
+
     def _resume(self, data: bytes) -> tuple[bytes, int]:
         """A read where the last one left off: the bytes to walk and where the next header
         is in them, or (what to return at once, -1) when the read ends there."""
+        self.began = False
+        self.segment_end = 0
         if self.blocked:
             self.partial += data
             return b"", -1

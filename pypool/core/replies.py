@@ -102,12 +102,7 @@ class ReplyReader:
         pos = self._skip
         hidden = self.backend.hidden
         if pos >= n and not hidden:
-            self._skip = pos - n
-            if n:
-                out.append(data)
-            if rq.tracking == Tracking.SYNTHETIC and not self._skip:
-                self._synthetic()
-            return DONE
+            return self._inside_message(data, n, pos)
         self._skip = 0
         frontend = self.frontend
         sent = 0  # start of the bytes not yet put in `out`
@@ -179,11 +174,27 @@ class ReplyReader:
                 pos = n
                 break
             pos = end
+        return self._read_ends(data, n, pos, sent)
+
+    def _inside_message(self, data: bytes, n: int, skip: int) -> int:
+        """All of `data` belongs to the message being streamed (`skip` bytes of it were
+        still to come): it goes to the client as it is."""
+        self._skip = skip - n
+        if n:
+            self.out.append(data)
+        if self.requests.tracking == Tracking.SYNTHETIC and not self._skip:
+            self._synthetic()
+        return DONE
+
+    def _read_ends(self, data: bytes, n: int, pos: int, sent: int) -> int:
+        """The end of a read: a message cut short is kept for the next (from `pos`), the
+        bytes since `sent` go to the client, and a reply the pooler makes may follow."""
         if pos < n:
             self._partial = data[pos:]
         if sent < pos:
-            out.append(data[sent:pos] if sent or pos < n else data)
-        if rq.tracking == Tracking.SYNTHETIC and not self._skip and not self._partial:
+            self.out.append(data[sent:pos] if sent or pos < n else data)
+        if (self.requests.tracking == Tracking.SYNTHETIC and not self._skip
+                and not self._partial):
             self._synthetic()
         return DONE
 
