@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -325,18 +326,40 @@ def committed_past(writers: list[Writer], count: int) -> bool:
     return sum(len(w.committed) for w in writers) > count
 
 
+@contextmanager
+def writing(cluster: Cluster, table: str) -> Iterator[list[Writer]]:
+    """Four writers through HAProxy, each past 20 commits when this yields; stopped and
+    joined at the end."""
+    stop = threading.Event()
+    writers = [Writer(cluster.front, table, i, stop) for i in range(4)]
+    for writer in writers:
+        writer.start()
+    try:
+        assert wait_for(lambda: all(len(w.committed) > 20 for w in writers), 10)
+        yield writers
+    finally:
+        stop.set()
+        for writer in writers:
+            writer.join(10)
+    assert not any(w.is_alive() for w in writers)
+
+
+def assert_stored(postgres: EmbeddedPostgres, table: str, writers: list[Writer]) -> None:
+    """Every committed row is in PostgreSQL, and nothing else is."""
+    committed = {number for w in writers for number in w.committed}
+    with psycopg.connect(postgres.dsn("app", APP_USER, APP_PASSWORD), autocommit=True) as conn:
+        stored = {row[0] for row in conn.execute(f"SELECT x FROM {table}")}
+    assert stored == committed
+    assert rows_in(postgres, table) == len(committed)
+
+
 def test_rolling_restart_under_load_loses_nothing(
         postgres: EmbeddedPostgres, cluster: Cluster, app_table: str) -> None:
     """Four reconnecting writers through HAProxy while each instance in turn is drained
     (SHUTDOWN DRAIN on the console for the first, SIGINT with shutdown_drain for the others),
     waited for, restarted, seen UP again by HAProxy and sent clients. No transaction fails
     once begun, and every committed row is in PostgreSQL and nothing else is."""
-    stop = threading.Event()
-    writers = [Writer(cluster.front, app_table, i, stop) for i in range(4)]
-    for writer in writers:
-        writer.start()
-    try:
-        assert wait_for(lambda: all(len(w.committed) > 20 for w in writers), 10)
+    with writing(cluster, app_table) as writers:
         for n, p in enumerate(cluster.instances):
             before = sum(len(w.committed) for w in writers)
             if n == 0:
@@ -352,18 +375,9 @@ def test_rolling_restart_under_load_loses_nothing(
             assert wait_for(partial(logged_in_since, p, len(p.log())), 10), p.log()
             # The others carried the load meanwhile, and it goes on.
             assert wait_for(partial(committed_past, writers, before + 50), 10)
-    finally:
-        stop.set()
-        for writer in writers:
-            writer.join(10)
-    assert not any(w.is_alive() for w in writers)
     lost = [entry for w in writers for entry in w.lost]
     assert lost == [], lost
-    committed = {number for w in writers for number in w.committed}
-    with psycopg.connect(postgres.dsn("app", APP_USER, APP_PASSWORD), autocommit=True) as conn:
-        stored = {row[0] for row in conn.execute(f"SELECT x FROM {app_table}")}
-    assert stored == committed
-    assert rows_in(postgres, app_table) == len(committed)
+    assert_stored(postgres, app_table, writers)
     retried = [entry for w in writers for entry in w.retried]
     assert retried, "no instance drained a client: the test did not test the drain"
 
@@ -389,13 +403,8 @@ def test_rolling_online_restart_under_load_shows_no_error(
     one on each instance, are carried over every restart with their own addresses."""
     idle = [connect(cluster.front.dsn()) for _ in range(INSTANCES)]
     mine = {local_address(conn) for conn in idle}
-    stop = threading.Event()
-    writers = [Writer(cluster.front, app_table, i, stop) for i in range(4)]
-    for writer in writers:
-        writer.start()
-    try:
-        assert wait_for(lambda: all(len(w.committed) > 20 for w in writers), 10)
-        carried: list[int] = []
+    carried: list[int] = []
+    with writing(cluster, app_table) as writers:
         for p in cluster.instances:
             before = sum(len(w.committed) for w in writers)
             old = cluster.reboot(p)
@@ -407,11 +416,6 @@ def test_rolling_online_restart_under_load_shows_no_error(
             # The new process serves new connections too, and the load goes on.
             assert wait_for(partial(logged_in_since, p, len(p.log())), 10), p.log()
             assert wait_for(partial(committed_past, writers, before + 50), 10)
-    finally:
-        stop.set()
-        for writer in writers:
-            writer.join(10)
-    assert not any(w.is_alive() for w in writers)
     errors = [entry for w in writers for entry in (*w.lost, *w.retried)]
     assert errors == [], errors
     # The idle clients were carried over too, each with its own address (from the PROXY
@@ -423,7 +427,4 @@ def test_rolling_online_restart_under_load_shows_no_error(
         assert conn.execute("SELECT 1").fetchone() == (1,)
         conn.close()
     assert sum(carried) > 0, "no client was carried over: the test did not test the handover"
-    committed = {number for w in writers for number in w.committed}
-    with psycopg.connect(postgres.dsn("app", APP_USER, APP_PASSWORD), autocommit=True) as conn:
-        stored = {row[0] for row in conn.execute(f"SELECT x FROM {app_table}")}
-    assert stored == committed
+    assert_stored(postgres, app_table, writers)
