@@ -66,6 +66,8 @@ def test_each_kind_can_be_turned_off(operated_pooler: Callable[..., Pooler]) -> 
 def test_logfile_and_pidfile(operated_pooler: Callable[..., Pooler], tmp_path: Path) -> None:
     logfile, pidfile = tmp_path / "pypool-file.log", tmp_path / "pypool.pid"
     p = operated_pooler(logfile=logfile, pidfile=pidfile)
+    # Written right after the listeners open: the kernel may accept the fixture's probe first.
+    wait_until(pidfile.exists)
     assert pidfile.read_text().strip() == str(p.proc.pid)
     with app(p) as client:
         client.execute("SELECT 1")
