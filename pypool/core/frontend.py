@@ -81,6 +81,8 @@ _SYNC: Final = m.SYNC
 STREAM_AT: Final = 1 << 20
 STREAM_HEAD: Final = 16 * 1024
 _SQL_VERBS: Final = frozenset({b"prepare", b"execute", b"deallocate", b"discard"})
+# What `_watched` says of a Query or Parse that changes nothing: one list, never written to.
+_NONE_FOUND: Final[list[ss.Command]] = []
 # Prepared statements: what the rewriting reads whole, and the requests it queues.
 _WHOLE: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.QUERY)
 _REQUESTS: Final = _table(m.PARSE, m.BIND, m.DESCRIBE, m.CLOSE, m.EXECUTE, m.SYNC, m.QUERY,
@@ -140,10 +142,8 @@ class RequestReader:
                 return fast
         n = len(data)
         was_idle = ledger.idle()
-        admin = self.admin
-        max_packet = self.max_packet
-        rewriting = self.rewriting
-        watch = self.watch
+        admin, max_packet = self.admin, self.max_packet
+        rewriting, watch = self.rewriting, self.watch
         # Messages to rewrite are read whole (so are all messages while there is no server);
         # `parts` collects the rewritten bytes up to `start`, `done` what is ready before
         # a dropped message.
@@ -159,11 +159,14 @@ class RequestReader:
                 return self._ending(done, data, pos, parts, start)
             found: list[ss.Command] | None = None
             if watch and (kind == _QUERY or kind == _PARSE):
-                looked = self._watched(kind, data, pos, n, size, st)
-                if looked is None:
+                found = self._watched(kind, data, pos, n, size, st)
+                if found is None:
                     break  # read whole: its text may change session state
-                data, size, found = looked
-                n = len(data)
+                if found and self.reject and pos + size <= n:
+                    new = self._refusal(found, kind, data, pos, pos + size)
+                    if new:  # failed in its place by PostgreSQL: the statement never runs
+                        data = data[:pos] + new + data[pos + size :]
+                        n, size, found = len(data), len(new), None
             if rewriting:
                 end = pos + size
                 if end > n and (st is None or _WHOLE[kind] or st.requests.discarding) and (
@@ -211,22 +214,16 @@ class RequestReader:
         return self._finish(data, pos, parts, start, done, was_idle)
 
     def _watched(self, kind: int, data: bytes, pos: int, n: int, size: int,
-                 st: ServerStatements | None
-                 ) -> tuple[bytes, int, list[ss.Command] | None] | None:
-        """The session-state look at a Query or Parse at `pos` (`watch`): the bytes to walk
-        on, the message's size in them and the commands it holds; None to read it whole
-        first. A refused statement is replaced in place by one PostgreSQL fails."""
+                 st: ServerStatements | None) -> list[ss.Command] | None:
+        """The session-state look at a Query or Parse at `pos` (`watch`): the commands it
+        holds (`_NONE_FOUND`: none), or None when it must be read whole first. A Query that
+        streams (`_streams`) is judged by its start."""
         end = pos + size
-        if end > n:
-            if kind == _PARSE or not self._streams(data, pos, n, size, st):
-                return None
-            return data, size, self._look_start(data, pos, n)
-        found = self._look(kind, data, pos, end)
-        if found and self.reject:
-            new = self._refusal(found, kind, data, pos, end)
-            if new:  # failed in its place by PostgreSQL: the statement never runs
-                return data[:pos] + new + data[end:], len(new), None
-        return data, size, found
+        if end <= n:
+            return self._look(kind, data, pos, end) or _NONE_FOUND
+        if kind == _PARSE or not self._streams(data, pos, n, size, st):
+            return None
+        return self._look_start(data, pos, n) or _NONE_FOUND
 
     def _resume(self, data: bytes) -> tuple[bytes, int]:
         """A read where the last one left off: the bytes to walk and where the next header
