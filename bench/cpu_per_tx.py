@@ -50,6 +50,19 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return int(fields[11]) / TICK, int(fields[12]) / TICK
 
 
+def bench_database(pg: EmbeddedPostgres, work: Path) -> dict[str, str]:
+    """Role `app`, database `bench` at pgbench scale 1, and work/userlist.txt for the pooler;
+    the environment pgbench runs with (its password). perf_profile.py and syscalls_per_tx.py
+    start the same way."""
+    pg.create_role("app", "app-secret")
+    pg.execute("CREATE DATABASE bench OWNER app")
+    env = {**os.environ, "PGPASSWORD": "app-secret"}
+    subprocess.run([pg.tool("pgbench"), "-i", "-s", "1", "-q", "-h", pg.host, "-p",
+                    str(pg.port), "-U", "app", "bench"], env=env, check=True, capture_output=True)
+    (work / "userlist.txt").write_text('"app" "app-secret"\n')
+    return env
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", default="prepared", choices=["prepared", "simple", "extended"])
@@ -61,13 +74,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="pypool-cpu-"))
     results: dict[str, list[tuple[float, float]]] = {tree: [] for tree in args.trees}
     try:
-        pg.create_role("app", "app-secret")
-        pg.execute("CREATE DATABASE bench OWNER app")
-        env = {**os.environ, "PGPASSWORD": "app-secret"}
+        env = bench_database(pg, work)
         pgbench = pg.tool("pgbench")
-        subprocess.run([pgbench, "-i", "-s", "1", "-q", "-h", pg.host, "-p", str(pg.port),
-                        "-U", "app", "bench"], env=env, check=True, capture_output=True)
-        (work / "userlist.txt").write_text('"app" "app-secret"\n')
         for _ in range(args.rounds):
             for target in args.trees:
                 tree, *overrides = target.split("+")

@@ -13,7 +13,6 @@ figures (the pooler's log line says which). bench/README.md, "Where the CPU goes
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from cpu_per_tx import free_port  # noqa: E402
+from cpu_per_tx import bench_database, free_port  # noqa: E402
 
 from pypool.embedded import EmbeddedPostgres, wait_listening  # noqa: E402
 
@@ -40,13 +39,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="pypool-perf-"))
     data = work / "perf.data"
     try:
-        pg.create_role("app", "app-secret")
-        pg.execute("CREATE DATABASE bench OWNER app")
-        env = {**os.environ, "PGPASSWORD": "app-secret"}
+        env = bench_database(pg, work)
         pgbench = pg.tool("pgbench")
-        subprocess.run([pgbench, "-i", "-s", "1", "-q", "-h", pg.host, "-p", str(pg.port),
-                        "-U", "app", "bench"], env=env, check=True, capture_output=True)
-        (work / "userlist.txt").write_text('"app" "app-secret"\n')
         port = free_port()
         ini = work / "pooler.ini"
         ini.write_text(

@@ -26,11 +26,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from cpu_per_tx import free_port  # noqa: E402
+from cpu_per_tx import bench_database, free_port  # noqa: E402
 
 from pypool.embedded import EmbeddedPostgres, wait_listening  # noqa: E402
-
-PASSWORD = "app-secret"
 
 
 def ini(name: str, port: int, pg: EmbeddedPostgres, work: Path) -> str:
@@ -106,13 +104,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="pypool-syscalls-"))
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        pg.create_role("app", PASSWORD)
-        pg.execute("CREATE DATABASE bench OWNER app")
-        env = {**os.environ, "PGPASSWORD": PASSWORD, "PYTHONPATH": str(HERE.parent)}
+        env = {**bench_database(pg, work), "PYTHONPATH": str(HERE.parent)}
         pgbench = pg.tool("pgbench")
-        subprocess.run([pgbench, "-i", "-s", "1", "-q", "-h", pg.host, "-p", str(pg.port),
-                        "-U", "app", "bench"], env=env, check=True, capture_output=True)
-        (work / "userlist.txt").write_text(f'"app" "{PASSWORD}"\n')
         results = {}
         for name in ("pypool", "pgbouncer"):
             proc, port = start(name, work, pg, args.pgbouncer, env)
