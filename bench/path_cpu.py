@@ -1,0 +1,198 @@
+"""pypool's own work per transaction, without the kernel: the transaction path over fake sockets.
+
+    python3 bench/path_cpu.py [--mode simple|extended] [--transactions N] [--rounds R]
+                              [--set KEY=VALUE ...]
+
+Socket CPU figures (bench/cpu_per_tx.py, bench/run) carry the kernel's share, three quarters
+of the pooler's CPU, and the machine's noise, several percent from run to run: a change of a
+tenth of a microsecond is lost in them. This script runs the real Pooler, ClientConnection
+and ServerConnection objects of the tree it is run from (compiled, or not: it says which)
+over tests/net/fakes.py's fake transports and clock, with nothing but the pooler's Python on
+the path, and prints nanoseconds per transaction:
+- 50 clients on a pool of 20 servers, transaction mode, pipelining off (bench/cpu_per_tx.py's
+  shape): each client sends pgbench -S's transaction (`-M simple`: one Query; `-M extended`:
+  Parse, Bind, Describe, Execute, Sync of the unnamed statement) and, once its replies
+  came, the next; each server answers what it was sent with a row, its tag and
+  ReadyForQuery, as PostgreSQL 15 does. 30 clients wait in the pool's queue at any time, so
+  every release hands the server on, as under pgbench.
+- the same bytes through bench/relay.py's no-op relay over the same fake transports (1:1,
+  no pool): what moving the bytes costs Python, the floor pypool's figure is read against.
+
+Each round is a fresh pooler, warmed up, then timed; the medians over the rounds are
+printed. `--set` overrides a [pgbouncer] key (`--set max_prepared_statements=0`), so one run
+with and one without a feature gives that feature's cost on the common path. Run it under
+`perf record` for a profile of pypool's own code alone (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import statistics
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import relay  # noqa: E402  (bench/relay.py)
+
+from pypool import compiled  # noqa: E402
+from pypool.protocol import messages as m  # noqa: E402
+from tests.net import fakes  # noqa: E402
+
+CLIENTS, POOL_SIZE = 50, 20
+QUERY_TEXT = "SELECT abalance FROM pgbench_accounts WHERE aid = 51234;"
+# What PostgreSQL 15 reports at a login (fakes.log_in sends these), with the clients'
+# application_name already set, as on every server after its first transaction under pgbench.
+SERVER_PARAMS = {
+    "application_name": "pgbench", "client_encoding": "UTF8", "DateStyle": "ISO, MDY",
+    "default_transaction_read_only": "off", "in_hot_standby": "off",
+    "integer_datetimes": "on", "IntervalStyle": "postgres", "is_superuser": "off",
+    "server_encoding": "UTF8", "server_version": "15.18", "session_authorization": "app",
+    "standard_conforming_strings": "on", "TimeZone": "UTC",
+}
+
+
+def requests(mode: str) -> bytes:
+    """One pgbench -S transaction, as the client sends it."""
+    if mode == "simple":
+        return m.query(QUERY_TEXT)
+    text = b"SELECT abalance FROM pgbench_accounts WHERE aid = $1;"
+    parse = m.message(ord("P"), b"\x00" + text + b"\x00" + struct.pack("!HI", 1, 23))
+    value = b"51234"
+    bind = m.message(ord("B"), b"\x00\x00" + struct.pack("!HHI", 0, 1, len(value)) + value
+                     + struct.pack("!H", 0))
+    return parse + bind + m.describe_portal() + m.execute() + m.sync()
+
+
+def replies(mode: str) -> bytes:
+    """PostgreSQL's answer to it."""
+    row = (m.row_description([("abalance", 23)]) + m.data_row(["0"])
+           + m.command_complete("SELECT 1") + m.ready_for_query())
+    if mode == "simple":
+        return row
+    return m.parse_complete() + m.message(ord("2")) + row  # ParseComplete, BindComplete
+
+
+class QuietTransport(fakes.FakeTransport):
+    """A fake transport whose write is a C function that keeps nothing, as uvloop's write is
+    C: the timed loop pays for no test bookkeeping."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.write = collections.deque(maxlen=0).append  # type: ignore[method-assign]
+
+
+def pooler_round(mode: str, transactions: int, keys: dict[str, Any]) -> float:
+    """Nanoseconds per transaction through a fresh pooler."""
+    settings = {"default_pool_size": POOL_SIZE, "pipeline_depth": 0, **keys}
+    fake = fakes.FakePooler(fakes.make_settings(**settings))
+    fake.pooler.now = time.monotonic  # the real clock, as in pypool
+    try:
+        request, reply = requests(mode), replies(mode)
+        first = fake.connect(application_name="pgbench")
+        fake.open_servers(**SERVER_PARAMS)  # the pool's first server: the welcome
+        clients = [first.conn] + [fake.connect(application_name="pgbench").conn
+                                  for _ in range(CLIENTS - 1)]
+        for client in clients:
+            client.transport = QuietTransport()
+        # Every client sends its transaction: the pool opens its other servers, then 20
+        # clients hold one and 30 wait.
+        for client in clients:
+            client.data_received(request)
+        fake.open_servers(**SERVER_PARAMS)
+        pool = fake.pool()
+        servers = [*pool.active]
+        assert len(servers) == POOL_SIZE and len(pool.waiting) == CLIENTS - POOL_SIZE
+        for server in servers:
+            server.transport = QuietTransport()
+
+        def run(count: int) -> None:
+            done = 0
+            while done < count:
+                for server in servers:
+                    client = server.client
+                    if client is None:
+                        continue
+                    server.data_received(reply)  # its replies; the server goes to the next
+                    client.data_received(request)  # and it sends its next transaction
+                    done += 1
+
+        run(transactions // 10)  # warm-up
+        gc.collect()
+        gc.freeze()  # as pypool does once it has started (cli.py)
+        start = time.perf_counter_ns()
+        run(transactions)
+        elapsed = time.perf_counter_ns() - start
+        stats = fake.pool().stats
+        assert stats.xact_count >= transactions, stats.xact_count
+        return elapsed / transactions
+    finally:
+        gc.unfreeze()
+        fake.close()
+
+
+def relay_round(mode: str, transactions: int) -> float:
+    """Nanoseconds per transaction through bench/relay.py's sides over the same fakes."""
+    pairs = []
+    for _ in range(CLIENTS):
+        client, server = relay.Side(), relay.Side()
+        client.connection_made(QuietTransport())  # type: ignore[arg-type]
+        server.connection_made(QuietTransport())  # type: ignore[arg-type]
+        client.other, server.other = server, client
+        pairs.append((client, server))
+    request, reply = requests(mode), replies(mode)
+
+    def run(count: int) -> None:
+        done = 0
+        while done < count:
+            for client, server in pairs:
+                server.data_received(reply)
+                client.data_received(request)
+                done += 1
+
+    run(transactions // 10)
+    gc.collect()
+    gc.freeze()
+    start = time.perf_counter_ns()
+    run(transactions)
+    elapsed = time.perf_counter_ns() - start
+    gc.unfreeze()
+    return elapsed / transactions
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", default="simple", choices=["simple", "extended"])
+    parser.add_argument("--transactions", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a [pgbouncer] key for the pooler (repeatable)")
+    args = parser.parse_args()
+    keys: dict[str, Any] = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        keys[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+    print(f"pypool from {Path(compiled.__file__).parent.parent}, hot path "
+          f"{compiled.status}; -M {args.mode}, "
+          f"{CLIENTS} clients on {POOL_SIZE} servers, {args.transactions} transactions a round"
+          + (f"; {keys}" if keys else ""))
+    pooler, floor = [], []
+    for _ in range(args.rounds):
+        pooler.append(pooler_round(args.mode, args.transactions, keys))
+        floor.append(relay_round(args.mode, args.transactions))
+        print(f"  pypool {pooler[-1]:7.0f} ns   relay {floor[-1]:5.0f} ns per transaction",
+              flush=True)
+    p, r = statistics.median(pooler), statistics.median(floor)
+    print(f"medians: pypool {p:.0f} ns, relay {r:.0f} ns per transaction; pypool's own work "
+          f"{p - r:.0f} ns beyond the relay's")
+
+
+if __name__ == "__main__":
+    main()
