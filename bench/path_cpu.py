@@ -1,7 +1,7 @@
 """pypool's own work per transaction, without the kernel: the transaction path over fake sockets.
 
     python3 bench/path_cpu.py [--mode simple|extended] [--transactions N] [--rounds R]
-                              [--set KEY=VALUE ...]
+                              [--set KEY=VALUE ...] [TREE TREE ...]
 
 Socket CPU figures (bench/cpu_per_tx.py, bench/run) carry the kernel's share, three quarters
 of the pooler's CPU, and the machine's noise, several percent from run to run: a change of a
@@ -19,9 +19,13 @@ the path, and prints nanoseconds per transaction:
   no pool): what moving the bytes costs Python, the floor pypool's figure is read against.
 
 Each round is a fresh pooler, warmed up, then timed; the medians over the rounds are
-printed. `--set` overrides a [pgbouncer] key (`--set max_prepared_statements=0`), so one run
-with and one without a feature gives that feature's cost on the common path. Run it under
-`perf record` for a profile of pypool's own code alone (bench/README.md).
+printed, and the fastest rounds (noise only ever adds time: on a shared machine the
+medians move by a tenth from run to run, the fastest rounds by a few percent). `--set`
+overrides a [pgbouncer] key (`--set max_prepared_statements=0`), so one run with and one
+without a feature gives that feature's cost on the common path. With TREEs
+(pypool source trees, compiled in place or not), each round runs each tree in turn in a
+process of its own, alternating, and prints each tree's figures: a change, tree against
+tree. Run it under `perf record` for a profile of pypool's own code alone (bench/README.md).
 """
 
 from __future__ import annotations
@@ -29,15 +33,18 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
+import os
 import statistics
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+# The tree measured: this script's own, or the one a tree-against-tree run names.
+sys.path.insert(0, os.environ.get("PATH_CPU_TREE") or str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import relay  # noqa: E402  (bench/relay.py)
@@ -174,7 +181,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a [pgbouncer] key for the pooler (repeatable)")
+    parser.add_argument("trees", nargs="*", help="pypool trees to measure against each other")
     args = parser.parse_args()
+    if args.trees:
+        return compare(args)
     keys: dict[str, Any] = {}
     for item in args.set:
         key, _, value = item.partition("=")
@@ -192,6 +202,29 @@ def main() -> None:
     p, r = statistics.median(pooler), statistics.median(floor)
     print(f"medians: pypool {p:.0f} ns, relay {r:.0f} ns per transaction; pypool's own work "
           f"{p - r:.0f} ns beyond the relay's")
+    # The machine's noise only ever adds: the fastest round is the steadiest figure.
+    print(f"fastest rounds: pypool {min(pooler):.0f} ns, relay {min(floor):.0f} ns")
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Each tree in turn, one round in a process of its own, `args.rounds` times."""
+    results: dict[str, list[float]] = {tree: [] for tree in args.trees}
+    for _ in range(args.rounds):
+        for tree in args.trees:
+            command = [sys.executable, __file__, "--rounds", "1", "--mode", args.mode,
+                       "--transactions", str(args.transactions)]
+            command += [f"--set={item}" for item in args.set]
+            out = subprocess.run(command, env={**os.environ, "PATH_CPU_TREE": tree},
+                                 capture_output=True, text=True, check=True).stdout
+            if "NOT" in out.splitlines()[0] or "pure Python" in out.splitlines()[0]:
+                print(f"  {tree}: {out.splitlines()[0]}")
+            ns = float(out.splitlines()[-1].split()[3])
+            results[tree].append(ns)
+            print(f"  {tree:32s} {ns:7.0f} ns per transaction", flush=True)
+    first = min(results[args.trees[0]])
+    for tree, runs in results.items():
+        print(f"{tree:32s} fastest {min(runs):6.0f} ns, median {statistics.median(runs):6.0f} ns;"
+              f" {min(runs) / first:.3f}x the first tree's fastest")
 
 
 if __name__ == "__main__":

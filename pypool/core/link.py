@@ -41,7 +41,7 @@ Never imports asyncio and never touches a connection: it says, the pooler does.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Final
+from typing import Any, Final
 
 from ..protocol import messages as m
 from .ledger import FrontendLedger
@@ -152,29 +152,36 @@ SHOWN: Final = {
     S.CLOSED: ClientState.CLOSED,
 }
 
-for _state in LinkState:
-    # The table as a tuple on each state, indexed by event (None: not allowed): the
-    # cheapest lookup there is, compiled or not; the dict above stays the definition.
-    _state.after = tuple(  # type: ignore[attr-defined]
-        LINK_TABLE.get((_state, event)) for event in range(len(E.NAMES)))
-    _state.shown = SHOWN[_state]  # type: ignore[attr-defined]
+# The table as rows the link walks without a lookup: each state's row is a list indexed
+# by event, and each entry (None: not allowed) carries the target state, the actions, the
+# target's own row and what it shows as. A row read off an enum member would be a
+# generic attribute lookup each time, compiled or not (bench/README.md); the dict above
+# stays the definition.
+Target = tuple[LinkState, int, list[Any], ClientState]
+ROWS: Final[dict[LinkState, list[Target | None]]] = {
+    state: [None] * len(E.NAMES) for state in LinkState}
+for (_state, _event), (_target, _actions) in LINK_TABLE.items():
+    ROWS[_state][_event] = (_target, _actions, ROWS[_target], SHOWN[_target])
 
 
 class Link:
-    """One client's link: its state and whether its next release ends it."""
+    """One client's link: its state, what that shows as (SHOWN), and whether its next
+    release ends it. Only `on` moves it (a test may start it in any `state`)."""
 
-    def __init__(self) -> None:
-        self.state = LinkState.IDLE
+    def __init__(self, state: LinkState = LinkState.IDLE) -> None:
+        self.state = state
+        self.shown = SHOWN[state]
+        self._row = ROWS[state]  # the table's row for `state`
         self.last = False  # end the client at its next release (SIGINT's shutdown)
         self.draining = False  # and end it at its next boundary even if it keeps its server
 
     def on(self, event: int) -> int:
         """Move to the state the table gives for `event`; return the actions to carry out."""
-        target: tuple[LinkState, int] | None = self.state.after[event]  # type: ignore[attr-defined]
+        target = self._row[event]
         if target is None:
             raise IllegalTransition(
                 f"link: no transition from {self.state.name} on {E.NAMES[event]}")
-        self.state, actions = target
+        self.state, actions, self._row, self.shown = target
         if actions & MARK_LAST:
             self.last = True
             if actions & MARK_DRAIN:

@@ -64,7 +64,7 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
         whatever state its login had reached, so one event moves both."""
         link = self.link
         actions = link.on(event)
-        shown: ClientState = link.state.shown  # type: ignore[attr-defined]
+        shown = link.shown
         if shown is not self.state:
             self.state = (shown if shown is not ClientState.CLOSED
                           else client_transition(self.state, ClientEvent.CLOSED))

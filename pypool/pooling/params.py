@@ -77,10 +77,12 @@ def same_encoding(a: str, b: str) -> bool:
 
 def covers(current: dict[str, str], wanted: dict[str, str]) -> bool:
     """Whether a server's `current` parameters already have every value a client `wanted`
-    (`wanted.items() <= current.items()`, written as the loop mypyc compiles to C, over
-    the keys: no (name, value) tuple is made per item; once per link on the hot path)."""
-    for name in wanted:
-        if current.get(name) != wanted[name]:
+    (`wanted.items() <= current.items()`, written as the loop mypyc compiles to C: no
+    (name, value) tuple is made per item, one lookup per name, and the same string object
+    on both sides is equal without comparing; once per link on the hot path)."""
+    for name, value in wanted.items():
+        have = current.get(name)
+        if have is not value and have != value:
             return False
     return True
 

@@ -23,9 +23,7 @@ EVENTS = range(len(LinkEvent.NAMES))
 
 
 def at(state: LinkState) -> Link:
-    link = Link()
-    link.state = state
-    return link
+    return Link(state)
 
 
 @pytest.mark.parametrize(("state", "event"), list(itertools.product(LinkState, EVENTS)),
@@ -134,7 +132,7 @@ def test_closed_is_final_and_every_other_state_can_end() -> None:
 def test_every_state_and_event_is_used_and_each_shows_as_a_client_state() -> None:
     assert {s for s, _ in LINK_TABLE} | {t for t, _ in LINK_TABLE.values()} == set(LinkState)
     assert {e for _, e in LINK_TABLE} == set(EVENTS)
-    shown = {state: state.shown for state in LinkState}  # type: ignore[attr-defined]
+    shown = {state: Link(state).shown for state in LinkState}
     assert shown[LinkState.IDLE] is ClientState.IDLE
     assert shown[LinkState.WAITING] is ClientState.WAITING
     assert {shown[s] for s in (LinkState.SETTING, LinkState.ACTIVE, LinkState.IN_LINE)} == {
