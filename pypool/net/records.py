@@ -23,9 +23,9 @@ running pooler at their turning points: a client connected, authenticated or clo
 request needs a server; a ReadyForQuery went by; a server logged in or closed; a hidden query
 settled. It lists those calls and the few fields they read (the settings, the clock, the loop,
 the TLS contexts, the statement registry, the transaction log and trace in force), and nothing
-else. pooler/objects.py's Pooler implements it structurally: mypy checks that it does wherever
-a Pooler is passed as a `PoolerPort`. So net/ never imports pooler/, not even to type a
-parameter, and a unit test drives a connection with a small fake in its place.
+else. pooler/objects.py's Pooler declares it among its bases, and mypy checks that it
+implements it. So net/ never imports pooler/, not even to type a parameter; the unit tests
+drive the connections with a real Pooler over fake sockets (tests/net/fakes.py).
 
 Never here: work beyond the fields; a Protocol member with a default (a Protocol member of a
 compiled module may not have one); a call that only the console or the start-up makes.
@@ -37,6 +37,8 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
+
+from mypy_extensions import trait
 
 from ..core import replies
 from ..core.frontend import RequestReader
@@ -61,8 +63,13 @@ if TYPE_CHECKING:
 # --- the pooler, as the connections see it -------------------------------------------------
 
 
-class PoolerPort(Protocol):
-    """What net/ needs of the running pooler (pooler/objects.py's Pooler)."""
+@trait
+class PoolerPort:
+    """What net/ needs of the running pooler (pooler/objects.py's Pooler, which declares
+    it among its bases). A mypyc trait rather than a Protocol: the connections call the
+    pooler several times per transaction, and a call through a Protocol is a generic
+    Python method call (~25 ns compiled), through a trait a table lookup (~2 ns)
+    (bench/README.md). In Python it is an ordinary base class."""
 
     # --- read by the connections -------------------------------------------------------------
     settings: Settings

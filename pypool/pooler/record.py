@@ -16,7 +16,8 @@ parameter. The calls a part makes on the pooler (`pooler.launch_servers`,
 `pooler.close_server`, ...) and those net/ makes (net/records.py's PoolerPort, for the parts
 hand the pooler to connections) are declared at the end of this class; objects.py's Pooler
 carries each out by handing over to the part that owns it, and tests/pooler/test_record.py
-keeps the list exactly those calls. Compiled, they are direct calls through the class's
+keeps the list exactly those calls. It declares PoolerPort (a mypyc trait) among its bases,
+so the calls net/ makes are direct too. Compiled, they are direct calls through the class's
 method table, as on the Pooler itself.
 
 Never here: an import of a part of pooler/ that takes a pooler, or work beyond the fields.
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..auth import server_credentials
 from ..auth.server_credentials import ServerCredentials
+from ..net.records import PoolerPort
 from ..net.tls import Tls
 from ..pooling.client_limits import ClientCounts
 from ..pooling.pool import PoolLimits
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
     from .takeover_state import Takeover
 
 
-class PoolerRecord:
+class PoolerRecord(PoolerPort):
     """The running pooler's objects and switches (objects.py's Pooler acts on them)."""
 
     def __init__(self, settings: Settings, policy_factories: Factories) -> None:
