@@ -28,7 +28,7 @@ Server states:
 from __future__ import annotations
 
 from enum import Enum
-from typing import Final
+from typing import Any, Final
 
 
 class IllegalTransition(Exception):
@@ -120,3 +120,14 @@ def server_transition(state: ServerState, event: int) -> ServerState:
         raise IllegalTransition(
             f"server: no transition from {state.name} on {ServerEvent.NAMES[event]}")
     return target
+
+
+# A server moves twice per transaction (LINKED, FREED): net/server.py keeps the row of its
+# state beside it and walks these, as core/link.py's Link does, rather than read a row off
+# the enum member (a generic attribute lookup, compiled or not). Each entry of a row (None:
+# not allowed) is the target state and its own row.
+ServerTarget = tuple[ServerState, list[Any]]
+SERVER_ROWS: Final[dict[ServerState, list[ServerTarget | None]]] = {
+    state: [None] * len(ServerEvent.NAMES) for state in ServerState}
+for (_state, _event), _target in SERVER_TRANSITIONS.items():
+    SERVER_ROWS[_state][_event] = (_target, SERVER_ROWS[_target])

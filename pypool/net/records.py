@@ -44,7 +44,7 @@ from ..core import replies
 from ..core.frontend import RequestReader
 from ..core.link import Link
 from ..core.socket_ids import socket_ids as _ids  # shared by both sides
-from ..core.states import ClientState, ServerState
+from ..core.states import SERVER_ROWS, ClientState, ServerState
 from ..pooling import prepared
 from ..pooling.session_state import ClientSession
 from ..protocol import messages as m
@@ -362,6 +362,7 @@ class ServerRecord(ReadingSwitch):
         self.credentials = credentials
         self.startup_params = startup_params
         self.state = ServerState.CONNECTING  # core/states.py says what each state means
+        self.state_row = SERVER_ROWS[ServerState.CONNECTING]  # moved with it (server.py `on`)
         # The client its replies go to (the head of its line); written only by
         # net/link_ends.py, with the reply reader's view of that client.
         self.client: ClientRecord | None = None

@@ -54,8 +54,13 @@ class ServerConnection(ServerRecord, asyncio.Protocol):
     # --- state ----------------------------------------------------------------------------
 
     def on(self, event: int) -> None:
-        """Move to the state the table (core/states.py) gives for `event`."""
-        self.state = server_transition(self.state, event)
+        """Move to the state the table (core/states.py) gives for `event` (its row for
+        this state: SERVER_ROWS)."""
+        target = self.state_row[event]
+        if target is None:
+            server_transition(self.state, event)  # raises IllegalTransition, named
+            return
+        self.state, self.state_row = target
 
     # --- asyncio.Protocol -----------------------------------------------------------------
 
