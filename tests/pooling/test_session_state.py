@@ -120,6 +120,17 @@ def test_look_at_a_query_and_a_parse(sql: str, found: list[Command] | None) -> N
     assert ss.look(ord("P"), parse, 0, len(parse)) == found
 
 
+@pytest.mark.parametrize("sql", ["", ";", "x", "SELECT 1"])
+def test_look_at_a_short_query_with_a_semicolon_later_in_the_read(sql: str) -> None:
+    """The look reads a Query in place, with what follows it in the same read: a semicolon
+    there is not the Query's (an empty Query's text ends before it starts; compiled code
+    must not slice backwards)."""
+    text = sql.encode() + b"\x00"
+    query = b"Q" + (len(text) + 4).to_bytes(4, "big") + text
+    data = query + b"Q\x00\x00\x00\x0eSELECT 1; ;\x00"
+    assert ss.look(ord("Q"), data, 0, len(query)) is None
+
+
 @pytest.mark.parametrize(("sql", "found"), [
     ("SELECT abalance FROM t WHERE aid = 1;", None),  # a trailing `;`: one statement
     ("SELECT 1; PREPARE p AS SELECT 2", [Command(ss.UNTRACKABLE, b"prepare")]),

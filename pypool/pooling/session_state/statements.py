@@ -94,9 +94,10 @@ def look(kind: int, data: bytes, pos: int, end: int) -> list[Command] | None:
         # A PREPARE behind the first statement of a Query makes a statement under the
         # client's own name that the pooler does not track (pooling/prepared/sql.py sees
         # single statements): pinned, so nobody else can EXECUTE it. A semicolon that ends
-        # the text starts nothing (`in` on a slice: cheaper than `find` and its arguments).
-        if kind == 81 and 59 in data and 59 in data[text_at:text_end - 1] and _later_prepare(
-                data[text_at:text_end]):
+        # the text starts nothing (`in` on a slice: cheaper than `find` and its arguments;
+        # never a slice that ends before it starts, which compiled code refuses).
+        if (kind == 81 and text_at < text_end - 1 and 59 in data
+                and 59 in data[text_at:text_end - 1] and _later_prepare(data[text_at:text_end])):
             return [Command(UNTRACKABLE, b"prepare")]
         return None
     return classify(data[text_at:text_end])
