@@ -24,7 +24,9 @@ from pypool.pooling.prepared import (
     Tracking,
     driver_segment,
     parse_sql_command,
+    unnamed_segment,
 )
+from pypool.pooling.prepared.requests import Wait
 from pypool.protocol import messages as m
 
 # --- messages ------------------------------------------------------------------------------
@@ -947,6 +949,86 @@ def test_bind_segment_leaves_the_rest_to_the_general_path() -> None:
 ])
 def test_driver_segment_is_only_that_shape(data: bytes) -> None:
     assert driver_segment(data) == 0
+
+
+def whole_state(st: ServerStatements) -> tuple[object, ...]:
+    """`state`, and what the unnamed statement and the open segment leave for the next."""
+    rq = st.requests
+    return (state(st), st.unnamed_neutral, st.unnamed_touches, st.open_neutral,
+            st.open_touches, rq.open_fine, dict(rq.undoable), rq.discarding)
+
+
+@pytest.mark.parametrize("sql", [SQL, b"  (select 1)", b"UPDATE t SET x = 1", b"BEGIN"])
+@pytest.mark.parametrize("tail", [describe(b"P", b"") + execute() + SYNC, execute() + SYNC])
+@pytest.mark.parametrize("before", [b"", query(b"SELECT 2"), parse(b"", b"INSERT 1") + bind(b"")
+                                    + execute() + SYNC, parse(b"q", SQL) + SYNC])
+def test_plain_segment_does_what_message_by_message_does(sql: bytes, tail: bytes,
+                                                         before: bytes) -> None:
+    """pgbench -M extended's transaction in one step: the same queue, the same verdict for
+    pipelining (last_neutral), the same memory of the unnamed statement, whatever is
+    still owed before it."""
+    fast, slow = prepared_link(Registry()), prepared_link(Registry())
+    data = parse(b"", sql, (23,)) + bind(b"", params=(b"7",)) + tail
+    assert unnamed_segment(data)
+    for link in (fast, slow):
+        link.send(before)  # its replies still to come
+    # After a simple Query the segment counts as open (its Sync is still to come): message
+    # by message there.
+    if fast.server.plain_segment(data):
+        assert not before.startswith(b"Q")
+    else:
+        assert before.startswith(b"Q")
+        fast.send(data)
+    slow.send(data)
+    assert whole_state(fast.server) == whole_state(slow.server)
+    # The replies stream through to the client either way, and leave the same behind.
+    replies = [PARSE_COMPLETE, BIND_COMPLETE, ROW_DESCRIPTION, ROW, complete(b"SELECT 1"),
+               ready()]
+    if tail == execute() + SYNC:
+        replies.remove(ROW_DESCRIPTION)
+    earlier = {b"": [], query(b"SELECT 2"): [ROW_DESCRIPTION, ROW, complete(b"SELECT 1"),
+                                            ready()],
+               parse(b"q", SQL) + SYNC: [PARSE_COMPLETE, ready()]}.get(
+                   before, [PARSE_COMPLETE, BIND_COMPLETE, complete(b"INSERT 0 1"), ready()])
+    for link in (fast, slow):
+        link.reply(*earlier, *replies)
+        assert link.to_client.endswith(b"".join(replies)) and not link.server.requests.queue
+    assert whole_state(fast.server) == whole_state(slow.server)
+
+
+def test_plain_segment_leaves_the_rest_to_the_general_path() -> None:
+    link = prepared_link(Registry())
+    st = link.server
+    # A text that may drop the server's statements: its Sync must distrust the cache.
+    touching = parse(b"", DO_DEALLOCATE) + bind(b"") + execute() + SYNC
+    assert unnamed_segment(touching) and not st.plain_segment(touching)
+    # A segment already open (a Parse sent with no Sync yet).
+    plain = parse(b"", SQL) + bind(b"") + execute() + SYNC
+    link.send(parse(b"", SQL))
+    assert not st.plain_segment(plain)
+    link.send(SYNC)
+    # The skip to the next Sync after a server error.
+    link.send(bind(b"missing"))
+    link.reply(PARSE_COMPLETE, ready())
+    st.requests.discarding = True
+    assert not st.plain_segment(plain)
+    assert [r.wait for r in st.requests.queue] == [Wait.DESCRIBE]  # only the failing Bind's
+
+
+@pytest.mark.parametrize("data", [
+    parse(b"s", SQL) + bind(b"s") + execute() + SYNC,  # named
+    parse(b"", SQL) + bind(b"s") + execute() + SYNC,
+    parse(b"", SQL) + bind(b"", b"p") + execute(b"p") + SYNC,  # a named portal
+    parse(b"", SQL) + bind(b"") + execute() + FLUSH,
+    parse(b"", SQL) + bind(b"") + execute(),
+    parse(b"", SQL) + bind(b"") + msg(b"E", b"\0" + struct.pack("!I", 10)) + SYNC,
+    parse(b"", SQL) + bind(b"") + describe(b"S", b"") + execute() + SYNC,
+    parse(b"", SQL) + SYNC + bind(b"") + execute() + SYNC,
+    parse(b"", SQL) + execute() + SYNC + SYNC,
+    bind(b"") + execute() + SYNC,
+])
+def test_unnamed_segment_is_only_that_shape(data: bytes) -> None:
+    assert not unnamed_segment(data)
 
 
 @pytest.mark.parametrize(("sql", "neutral"), [

@@ -84,7 +84,9 @@ as UNSURE and dropped with a Close, which never fails, before anyone prepares th
 Replies are read one by one only while the request at the head of the queue needs it. When
 a Sync closes a segment of plain requests (Bind and Execute of statements the server has:
 the steady state of every driver), they are folded into the Sync, and the hot path carries
-the whole segment to its ReadyForQuery.
+the whole segment to its ReadyForQuery. Two shapes are recognised whole, before any message
+is looked at: a Bind of a named statement then Execute and Sync (`bind_segment`), and a
+one-off query of the unnamed statement, Parse to Sync (`plain_segment`).
 
 A rewrite relies on what the earlier requests will have done. Within one Sync segment an
 error skips everything after it, so that holds; across segments it may not. So while a
@@ -161,11 +163,12 @@ from .guard_statement import GUARD_NAME
 from .registry import PREFIX, PROBE, ClientStatements, Registry, Statement, totals
 from .request_queue import RequestQueue
 from .requests import FORWARD, READY, REPLACE, SWALLOW, WAIT, Hold, Op, Request, Tracking
-from .rewriter import ServerStatements, driver_segment
+from .rewriter import ServerStatements, driver_segment, unnamed_segment
 from .sql import SqlCommand, parse_sql_command
 
 __all__ = [
     "FORWARD", "GUARD_NAME", "PREFIX", "PROBE", "READY", "REPLACE", "SWALLOW", "WAIT",
     "ClientStatements", "Hold", "Op", "Registry", "Request", "RequestQueue", "ServerStatements",
     "SqlCommand", "Statement", "Tracking", "driver_segment", "parse_sql_command", "totals",
+    "unnamed_segment",
 ]

@@ -108,6 +108,24 @@ def driver_segment(data: bytes) -> int:
     return 0
 
 
+def unnamed_segment(data: bytes) -> bool:
+    """Whether `data` is exactly Parse of the unnamed statement, Bind of it to the unnamed
+    portal, [Describe of the portal,] Execute, Sync: pgbench -M extended's transaction, and
+    most drivers' one-off queries. Nothing in it needs rewriting (`plain_segment`)."""
+    n = len(data)
+    if n < 39 or data[0] != m.PARSE or data[5]:
+        return False
+    parse_end = 1 + be32(data, 1)
+    if parse_end < 9 or parse_end + 7 > n or data[parse_end] != m.BIND or data[
+            parse_end + 5] or data[parse_end + 6]:
+        return False
+    tail = n - (parse_end + 1 + be32(data, parse_end + 1))
+    if tail == 22:
+        return data.endswith(_DESCRIBE_EXECUTE_SYNC)
+    if tail == 15:
+        return data.endswith(_EXECUTE_SYNC)
+    return False
+
 
 class ServerStatements:
     """One server's prepared statements and the requests outstanding on it."""
@@ -338,6 +356,29 @@ class ServerStatements:
         requests.segment += 1
         self.last_neutral = stmt.neutral
         return _renamed_bind(data, 0, portal_end, name_end, bind_end, stmt) + data[bind_end:]
+
+    def plain_segment(self, data: bytes) -> bool:
+        """`data` is an `unnamed_segment`: queue it as `from_client` message by message ends
+        up doing (its requests folded into one PLAIN_SYNC), in one step, and True; False,
+        queueing nothing, when that is not sure (a segment already open, the skip after an
+        error, or a text that may change the server's statements: message by message then)."""
+        requests = self.requests
+        if requests.discarding or requests.open_count or requests.open_fine:
+            return False
+        neutral = neutral_text(data, 6)
+        if not neutral and touches_text(data, 6, 1 + be32(data, 1)):
+            return False
+        self.unnamed_neutral = neutral
+        self.unnamed_touches = False
+        queue = requests.queue
+        queue.append(PLAIN_SYNC)  # `close_segment` of the folded segment, inlined
+        if len(queue) == 1:
+            requests.tracking = Tracking.HOT
+        requests.readies_queued += 1
+        requests.segment += 1
+        self.last_neutral = self.open_neutral and neutral
+        self.open_neutral = True
+        return True
 
     def _other(self, kind: int, data: bytes, pos: int, end: int) -> bytes | Hold | None:
         if kind != m.FLUSH:
