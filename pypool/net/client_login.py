@@ -350,7 +350,7 @@ class ClientLogin(ClientLoginSteps):
             session = client.session = ss.ClientSession(follows)
             for name in names:
                 key = name.encode()
-                session.sets[key] = ss.set_config_statement(key, params.pop(name).encode())
+                session.started_with(key, ss.set_config_statement(key, params.pop(name).encode()))
             return True
         ignored = {name.lower() for name in cfg.ignore_startup_parameters}
         for name in names:

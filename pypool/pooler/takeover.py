@@ -386,6 +386,9 @@ def describe(client: ClientRecord) -> dict[str, Any]:
     if session is not None:
         state["sets"] = [[_b64(name), _b64(statement)]
                          for name, statement in session.sets.items()]
+        if session.startup:
+            state["startup"] = [[_b64(name), _b64(statement)]
+                                for name, statement in session.startup.items()]
     return state
 
 
@@ -573,6 +576,9 @@ def _restore(pooler: Pooler, client: ClientRecord, state: dict[str, Any]) -> Non
         if session is not None:
             for name, statement in sets:
                 session.sets[_unb64(name)] = _unb64(statement)
+            startup = state.get("startup", [])
+            if startup:
+                session.startup = {_unb64(name): _unb64(statement) for name, statement in startup}
     except PoolerError as exc:
         client.fail(exc)
     except (KeyError, ValueError, TypeError, IndexError) as bad:

@@ -288,6 +288,33 @@ def test_startup_search_path_follows_its_client(postgres, pooler) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_reset_goes_back_to_the_startup_search_path(postgres, pooler) -> None:
+    """RESET search_path (and RESET ALL) goes back to the value the startup packet set, as on
+    a direct connection, from the next transaction on, where the server does not report
+    search_path; the next client on that server still has its own."""
+    with psycopg.connect(postgres.dsn("app", "app", "app-secret")) as direct:
+        default = direct.execute("SHOW search_path").fetchone()[0]
+        if direct.info.parameter_status("search_path") is not None:
+            pytest.skip("this PostgreSQL reports search_path: it follows as a parameter")
+    options = "-c search_path=pg_catalog,public"
+    with psycopg.connect(postgres.dsn("app", "app", "app-secret"), options=options,
+                         autocommit=True) as direct:
+        asked = direct.execute("SHOW search_path").fetchone()[0]
+        direct.execute("SET search_path = public")
+        direct.execute("RESET search_path")
+        assert direct.execute("SHOW search_path").fetchone()[0] == asked
+    p = pooler(ini_overrides={"default_pool_size": "1"})
+    with connect(p.dsn(), options=options) as a, connect(p.dsn()) as b:
+        for reset in ("RESET search_path", "RESET ALL", "DISCARD ALL"):
+            a.execute("SET search_path = public")
+            assert a.execute("SHOW search_path").fetchone()[0] == "public"
+            a.execute(reset)
+            assert a.execute("SHOW search_path").fetchone()[0] == asked, reset
+            assert b.execute("SHOW search_path").fetchone()[0] == default
+            assert a.execute("SHOW search_path").fetchone()[0] == asked
+
+
+@pytest.mark.timeout(30)
 def test_startup_search_path_where_no_record_follows(postgres, pooler) -> None:
     """Session mode (or session_state = ignore) keeps no record: an unreported search_path
     in the startup packet is refused as before, or dropped when ignore_startup_parameters

@@ -82,7 +82,10 @@ def test_online_restart_keeps_idle_clients(postgres: EmbeddedPostgres, pooler: A
                                            rebooted: list[subprocess.Popen[bytes]]) -> None:
     p = pooler(ini_overrides={"max_prepared_statements": "10"})
     old_servers = set()
-    with connect(p.dsn(), application_name="carried") as idle, connect(p.dsn()) as busy:
+    with connect(p.dsn(), application_name="carried",
+                 options="-c search_path=pg_catalog,public") as idle, \
+            connect(p.dsn()) as busy:
+        startup_path = idle.execute("SHOW search_path").fetchone()
         assert idle.execute("SELECT %s::int + 1", [1], prepare=True).fetchone() == (2,)
         idle.execute("PREPARE by_sql AS SELECT 42")
         idle.execute("SET TimeZone = 'Asia/Tokyo'")  # a setting that follows its client
@@ -120,6 +123,10 @@ def test_online_restart_keeps_idle_clients(postgres: EmbeddedPostgres, pooler: A
         assert idle.execute("EXECUTE by_sql").fetchone() == (42,)
         assert idle.execute("SHOW TimeZone").fetchone() == ("Asia/Tokyo",)
         assert idle.execute("SHOW application_name").fetchone() == ("carried",)
+        assert idle.execute("SHOW search_path").fetchone() == startup_path
+        idle.execute("SET search_path = public")
+        idle.execute("RESET search_path")  # back to its startup value, carried over too
+        assert idle.execute("SHOW search_path").fetchone() == startup_path
         assert _backend_pid(idle) not in old_servers
         assert busy.execute("SELECT 7").fetchone() == (7,)
         # Its cancel key (the one it got at login) is still its own: a cancel reaches its

@@ -222,6 +222,34 @@ def test_quotes_hide_semicolons(literal: str) -> None:
     assert alone and first == text
 
 
+@pytest.mark.parametrize("reset", [Command(ss.RESET, b"search_path"), Command(ss.RESET_ALL),
+                                   Command(ss.DISCARD_ALL)])
+def test_a_reset_goes_back_to_the_startup_value(reset: Command) -> None:
+    """PostgreSQL's RESET goes to the session's startup value: a search_path the startup
+    packet set, which only the record follows, is made again, not dropped."""
+    startup = ss.set_config_statement(b"search_path", b"pg_catalog, public")
+    session = ss.ClientSession()
+    session.started_with(b"search_path", startup)
+    server: dict[bytes, bytes | None] = session.on_server()
+    session.sent([Command(ss.SET, b"search_path", b"SET search_path = x"),
+                  Command(ss.SET, b"a", b"SET a = 1")], server)
+    session.ready(ord("I"), 0, server)
+    assert session.sets == {b"search_path": b"SET search_path = x", b"a": b"SET a = 1"}
+    session.sent([reset], server)
+    session.ready(ord("I"), 0, server)
+    kept = {} if reset.kind != ss.RESET else {b"a": b"SET a = 1"}
+    assert session.sets == {**kept, b"search_path": startup}
+    assert b"search_path" not in server  # the server has its own default: made at next link
+    assert ss.sync_statements(server, session.sets).count(b"set_config") == 1
+    # A client with no startup value has nothing to go back to.
+    other = ss.ClientSession()
+    other.sent([Command(ss.SET, b"search_path", b"SET search_path = x")], None)
+    other.ready(ord("I"), 0, None)
+    other.sent([reset], None)
+    other.ready(ord("I"), 0, None)
+    assert other.sets == {}
+
+
 def test_a_client_record_follows_transactions() -> None:
     session = ss.ClientSession()
     server: dict[bytes, bytes | None] = {}

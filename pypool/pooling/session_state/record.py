@@ -38,6 +38,9 @@ SESSION_SETTINGS: Final = "pypool.session_state"
 # A marker among a server's settings (listen_mode = shared): a client's LISTEN ran there, so
 # the server may be listening; it is undone (UNLISTEN *, replay.py) before its next client.
 LISTENED: Final = b"pypool.listen"
+# `ClientSession.startup` of a client whose startup packet set nothing the record makes:
+# shared, never changed.
+_NO_STARTUP: Final[dict[bytes, bytes]] = {}
 
 
 class ClientSession:
@@ -58,6 +61,11 @@ class ClientSession:
         # pooling/params.py): never recorded here, or the undo would fight their SET.
         self.tracked = tracked
         self.sets: dict[bytes, bytes] = {}
+        # The settings its startup packet made that only this record follows (an unreported
+        # search_path: net/client_login.py): what RESET, RESET ALL and DISCARD ALL go back
+        # to, as PostgreSQL's reset value is the session's startup value. Set with
+        # `started_with`.
+        self.startup = _NO_STARTUP
         self.pins: dict[int, int] = {}
         # The channels LISTENed to, as a dict's keys: an empty dict is a quarter of an empty
         # set's size, and every idle client holds one.
@@ -74,6 +82,13 @@ class ClientSession:
         # hears for it until the listening connection does (pooler/notifications.py).
         self.heard: frozenset[bytes] = frozenset()
         self.bridged: frozenset[bytes] = frozenset()
+
+    def started_with(self, name: bytes, replay: bytes) -> None:
+        """Its startup packet set `name`; `replay` makes it on a server."""
+        if self.startup is _NO_STARTUP:
+            self.startup = {}
+        self.startup[name] = replay
+        self.sets[name] = replay
 
     def pinned(self) -> str:
         """Why the client keeps its server ("" when it need not)."""
@@ -137,17 +152,21 @@ class ClientSession:
             elif kind == RESET:
                 sets.pop(name, None)
                 if server is not None:
-                    server.pop(name, None)
+                    server.pop(name, None)  # the server's own default now
+                if name in self.startup:
+                    sets[name] = self.startup[name]  # made again at its next link
             elif kind == RESET_ALL:
                 for table in (sets, server):
                     if table is not None:
                         for key in [k for k in table
                                     if k not in (ROLE, SESSION_AUTHORIZATION, LISTENED)]:
                             del table[key]
+                sets.update(self.startup)
             elif kind == DISCARD_ALL:
                 sets.clear()
                 if server is not None:
                     server.clear()
+                sets.update(self.startup)
                 self.listening.clear()
                 for pin in (LISTEN, TEMP_TABLE, HOLD_CURSOR, LOCK, UNTRACKABLE):
                     self.pins.pop(pin, None)
