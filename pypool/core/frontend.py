@@ -404,7 +404,7 @@ class RequestReader:
             fast = st.bind_segment(data, bind_end)
             if fast is not None:
                 return fast
-        elif data and prepared.unnamed_segment(data) and st.plain_segment(data):
+        elif data and st.plain_segment(data):
             return data
         parts = []
         start = pos = 0

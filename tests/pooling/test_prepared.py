@@ -1002,6 +1002,8 @@ def test_plain_segment_leaves_the_rest_to_the_general_path() -> None:
     # A text that may drop the server's statements: its Sync must distrust the cache.
     touching = parse(b"", DO_DEALLOCATE) + bind(b"") + execute() + SYNC
     assert unnamed_segment(touching) and not st.plain_segment(touching)
+    # Not that shape: a named Parse goes message by message.
+    assert not st.plain_segment(parse(b"s2", SQL) + bind(b"s2") + execute() + SYNC)
     # A segment already open (a Parse sent with no Sync yet).
     plain = parse(b"", SQL) + bind(b"") + execute() + SYNC
     link.send(parse(b"", SQL))

@@ -38,9 +38,6 @@ SESSION_SETTINGS: Final = "pypool.session_state"
 # A marker among a server's settings (listen_mode = shared): a client's LISTEN ran there, so
 # the server may be listening; it is undone (UNLISTEN *, replay.py) before its next client.
 LISTENED: Final = b"pypool.listen"
-# `ClientSession.startup` of a client whose startup packet set nothing the record makes:
-# shared, never changed.
-_NO_STARTUP: Final[dict[bytes, bytes]] = {}
 
 
 class ClientSession:
@@ -63,9 +60,8 @@ class ClientSession:
         self.sets: dict[bytes, bytes] = {}
         # The settings its startup packet made that only this record follows (an unreported
         # search_path: net/client_login.py): what RESET, RESET ALL and DISCARD ALL go back
-        # to, as PostgreSQL's reset value is the session's startup value. Set with
-        # `started_with`.
-        self.startup = _NO_STARTUP
+        # to, as PostgreSQL's reset value is the session's startup value (`started_with`).
+        self.startup: dict[bytes, bytes] = {}
         self.pins: dict[int, int] = {}
         # The channels LISTENed to, as a dict's keys: an empty dict is a quarter of an empty
         # set's size, and every idle client holds one.
@@ -85,8 +81,6 @@ class ClientSession:
 
     def started_with(self, name: bytes, replay: bytes) -> None:
         """Its startup packet set `name`; `replay` makes it on a server."""
-        if self.startup is _NO_STARTUP:
-            self.startup = {}
         self.startup[name] = replay
         self.sets[name] = replay
 
