@@ -4,8 +4,8 @@
 
 A VARIANT is a pypool source tree, optionally with `@key=value,...`: lowercase keys are ini
 settings (`@pipeline_depth=0`, `@workers=2`), uppercase ones environment variables for the
-pooler process. `.` is this checkout. PGBENCH ARGS default to `-S -M prepared -c 100
--j 100` (pool 20, as in bench/run's select-prepared-c100). PgBouncer (bench/run's build,
+pooler process; or `floor`, bench/pool_floor.py (the least a pooler on uvloop does). `.`
+is this checkout. PGBENCH ARGS default to `-S -M prepared -c 100 -j 100` (pool 20, as in bench/run's select-prepared-c100). PgBouncer (bench/run's build,
 same ini) and each variant run in turn, `--rounds` times, a fresh pooler process per run.
 
 Per transaction, each run prints what bench/run does not: the pooler's user and system
@@ -112,8 +112,10 @@ def main() -> None:
             ["pgbouncer", "pypool"], [], [0], cluster, workdir, binary,
             bool(version and version >= pgbouncer_build.MIN_VERSION),
         )
+        floor = poolers.make_targets(["floor"], [], [0], cluster, workdir, binary, False)
         targets = [pgbouncer] + [
-            variant(spec, n, base, workdir) for n, spec in enumerate(args.variants)
+            floor[0] if spec == "floor" else variant(spec, n, base, workdir)
+            for n, spec in enumerate(args.variants)
         ]
         tps: dict[str, list[float]] = {target.name: [] for target in targets}
         print(f"pgbench {' '.join(pgbench_args)}, {args.duration} s per run; per transaction:")

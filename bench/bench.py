@@ -33,7 +33,8 @@ BENCH = Path(__file__).resolve().parent
 CACHE = BENCH / ".cache"
 RESULTS = BENCH / "results"
 PGBENCH_SCALE = 10
-TARGET_NAMES = ("pypool", "pgbouncer", "relay", "direct")
+TARGET_NAMES = ("pypool", "pgbouncer", "relay", "direct", "floor")
+DEFAULT_TARGETS = ("pypool", "pgbouncer", "relay", "direct")
 IDLE_FD_HEADROOM = 100  # listening socket, server connections, log files
 
 
@@ -59,9 +60,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--poolers",
         type=_csv,
-        default=list(TARGET_NAMES),
-        help="comma-separated targets, run in this order (default pypool,pgbouncer,direct; "
-             "relay: the no-op uvloop relay, bench/relay.py, the floor for pooler CPU)",
+        default=list(DEFAULT_TARGETS),
+        help="comma-separated targets, run in this order (default pypool,pgbouncer,relay,direct; "
+             "relay: the no-op uvloop relay, bench/relay.py, the floor for pooler CPU; "
+             "floor: the least a pooler on uvloop does, bench/pool_floor.py, the floor for TPS)",
     )
     parser.add_argument(
         "--workers",

@@ -58,7 +58,7 @@ class Target:
     """One system a scenario is run against, as named in the results."""
 
     name: str
-    kind: str  # "pypool", "pgbouncer", "relay" (bench/relay.py) or "direct"
+    kind: str  # "pypool", "pgbouncer", "relay" (bench/relay.py), "floor" (pool_floor.py), "direct"
     port: int  # a pooler's is chosen anew at each start
     ini: Path | None = None
     settings: dict[str, object] = field(default_factory=dict)  # the ini's [pgbouncer] section
@@ -242,6 +242,22 @@ def make_targets(
                     command=[sys.executable, str(REPO / "bench" / "relay.py"), str(ini)],
                     popen_kwargs=dict(cwd=REPO),
                     logfile=workdir / "relay.log",
+                )
+            )
+        elif name == "floor":
+            # The pooling floor: pools as the poolers do, and does nothing else (pool_floor.py).
+            ini = workdir / "floor.ini"
+            targets.append(
+                Target(
+                    "floor",
+                    "floor",
+                    0,
+                    ini=ini,
+                    settings=settings,
+                    command=[sys.executable, str(REPO / "bench" / "pool_floor.py"), str(ini),
+                             str(workdir / PLAIN_USERLIST)],
+                    popen_kwargs=dict(cwd=REPO / "bench"),
+                    logfile=workdir / "floor.log",
                 )
             )
         elif name == "pgbouncer":

@@ -1,0 +1,157 @@
+"""The pooling floor: the least a transaction pooler in Python on uvloop can do, measured beside
+pypool and PgBouncer (`bench/run --poolers pypool,pgbouncer,floor`).
+
+bench/relay.py is the floor for moving bytes, but it keeps one PostgreSQL connection per
+client, so PostgreSQL runs 100 or 200 backends under it instead of the pool's 20, and its TPS
+says little about a pooler's. This one pools as pypool and PgBouncer do (default_pool_size
+servers, logged in once at start; clients queue, first come first served, when all are
+linked) and does nothing else:
+- a client's login is answered at once (AuthenticationOk, a few ParameterStatus,
+  BackendKeyData, ReadyForQuery): no password, no SCRAM;
+- a client's bytes go to its server as they come; a client with no server takes an idle one
+  or waits in line, its bytes kept until it has one;
+- a server's bytes go to its client as they come, and when a read ends in ReadyForQuery 'I'
+  the server goes back: to the first client in line, or to the idle list. Nothing is framed:
+  only the last six bytes of a read are looked at.
+
+So it is wrong wherever a real pooler must be right (a ReadyForQuery split across reads, a
+client that dies mid-transaction, session state, prepared statements, errors): a bench
+reference only, never a pooler. What pypool does beyond it costs CPU per transaction that this
+does not, and PgBouncer's TPS over this one's says what any Python pooler on uvloop can reach
+on this machine.
+
+Run as a target: `python bench/pool_floor.py INI PASSWORD_FILE`, the ini the harness writes
+for the poolers (listen_addr and listen_port, default_pool_size, the first [databases]
+entry) and a file holding the role's password.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import configparser
+import struct
+import sys
+
+import uvloop
+
+import pgwire
+
+READY_IDLE = b"Z\x00\x00\x00\x05I"
+TERMINATE = b"X\x00\x00\x00\x04"
+SSL_REQUEST = 80877103
+WELCOME = b"".join([
+    b"R" + struct.pack("!ii", 8, 0),  # AuthenticationOk
+    *(pgwire._message(b"S", f"{name}\0{value}\0".encode()) for name, value in (
+        ("server_version", "15.0"), ("server_encoding", "UTF8"),
+        ("client_encoding", "UTF8"), ("DateStyle", "ISO, MDY"),
+        ("integer_datetimes", "on"), ("standard_conforming_strings", "on"))),
+    b"K" + struct.pack("!iii", 12, 1, 1),  # BackendKeyData
+    READY_IDLE,
+])
+
+
+class Pool:
+    def __init__(self) -> None:
+        self.idle: list[Server] = []
+        self.waiting: collections.deque[Client] = collections.deque()
+
+
+class Server(asyncio.Protocol):
+    def __init__(self, pool: Pool, transport: asyncio.Transport) -> None:
+        self.pool = pool
+        self.transport = transport
+        self.client: Client | None = None
+        self.login: object = None
+
+    def data_received(self, data: bytes) -> None:
+        client = self.client
+        if client is None:
+            return
+        if client.alive:
+            client.transport.write(data)
+        if data.endswith(READY_IDLE):
+            client.server = None
+            pool = self.pool
+            while pool.waiting:
+                nxt = pool.waiting.popleft()
+                if nxt.alive:
+                    self.client, nxt.server = nxt, self
+                    self.transport.write(b"".join(nxt.pending))
+                    nxt.pending.clear()
+                    return
+            self.client = None
+            pool.idle.append(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        print("a server connection closed", exc, file=sys.stderr)
+
+
+class Client(asyncio.Protocol):
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.server: Server | None = None
+        self.pending: list[bytes] = []
+        self.started = False
+        self.alive = True
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        server = self.server
+        if data == TERMINATE:
+            self.transport.close()  # never to a server: it stays in the pool
+        elif server is not None:
+            server.transport.write(data)
+        elif not self.started:
+            if struct.unpack("!i", data[4:8])[0] == SSL_REQUEST:
+                self.transport.write(b"N")
+            else:
+                self.started = True
+                self.transport.write(WELCOME)
+        else:
+            self.pending.append(data)
+            if len(self.pending) > 1:
+                return  # already in line
+            pool = self.pool
+            if pool.idle:
+                server = pool.idle.pop()
+                self.server, server.client = server, self
+                server.transport.write(data)
+                self.pending.clear()
+            else:
+                pool.waiting.append(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.alive = False  # a server it holds stays linked to it until its ReadyForQuery 'I'
+
+
+async def serve(ini: str, password_file: str) -> None:
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    parser.read(ini)
+    section = parser["pgbouncer"]
+    listen = (section.get("listen_addr", "127.0.0.1"), int(section["listen_port"]))
+    size = int(section.get("default_pool_size", "20"))
+    dbname, entry = next(iter(parser["databases"].items()))
+    fields = dict(part.split("=", 1) for part in entry.split())
+    host, port = fields.get("host", "127.0.0.1"), int(fields.get("port", "5432"))
+    user, password = open(password_file).read().split()
+    pool = Pool()
+    for _ in range(size):
+        connection = await pgwire.connect(host, port, user.strip('"'), password.strip('"'),
+                                          fields.get("dbname", dbname))
+        transport = connection._writer.transport
+        server = Server(pool, transport)  # type: ignore[arg-type]
+        server.login = connection  # its StreamWriter closes the socket when collected
+        transport.set_protocol(server)
+        pool.idle.append(server)
+    listener = await asyncio.get_running_loop().create_server(
+        lambda: Client(pool), *listen, backlog=4096)
+    async with listener:
+        await listener.serve_forever()
+
+
+if __name__ == "__main__":
+    uvloop.run(serve(sys.argv[1], sys.argv[2]))
