@@ -5,8 +5,9 @@
 A VARIANT is a pypool source tree, optionally with `@key=value,...`: lowercase keys are ini
 settings (`@pipeline_depth=0`, `@workers=2`), uppercase ones environment variables for the
 pooler process; or `floor`, bench/pool_floor.py (the least a pooler on uvloop does). `.`
-is this checkout. PGBENCH ARGS default to `-S -M prepared -c 100 -j 100` (pool 20, as in bench/run's select-prepared-c100). PgBouncer (bench/run's build,
-same ini) and each variant run in turn, `--rounds` times, a fresh pooler process per run.
+is this checkout. PGBENCH ARGS default to `-S -M prepared -c 100 -j 100` (pool 20, as in
+bench/run's select-prepared-c100). PgBouncer (bench/run's build, same ini) and each variant
+run in turn, `--rounds` times, a fresh pooler process per run.
 
 Per transaction, each run prints what bench/run does not: the pooler's user and system
 CPU, PostgreSQL's CPU, pgbench's own CPU, the machine's idle time, and from

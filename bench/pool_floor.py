@@ -33,9 +33,8 @@ import configparser
 import struct
 import sys
 
-import uvloop
-
 import pgwire
+import uvloop
 
 READY_IDLE = b"Z\x00\x00\x00\x05I"
 TERMINATE = b"X\x00\x00\x00\x04"

@@ -102,7 +102,15 @@ def summarize(runs: list[dict], scenarios: list[Scenario], targets: list[str]) -
                 # The floor: pypool's own work, beyond moving the bytes on uvloop.
                 ratios[variant]["pooler_cpu_vs_relay_pairs"] = over_relay
                 ratios[variant]["pooler_cpu_vs_relay"] = _spread(over_relay)
-        summary[scenario.name] = {"targets": per_target, "ratios": ratios}
+        floor: dict[str, dict[str, float] | None] = {}
+        if floor_tps := _ratios(mine, "floor", scenario.metric):
+            # The pooling floor (bench/pool_floor.py): what a pooler on uvloop that does
+            # nothing else reaches, and how near each pypool comes to it.
+            floor["pgbouncer"] = _spread(floor_tps)
+            for variant in (t for t in targets if t.startswith("pypool")):
+                if over := _ratios(mine, variant, scenario.metric, "floor"):
+                    floor[variant] = _spread(over)
+        summary[scenario.name] = {"targets": per_target, "ratios": ratios, "floor": floor}
     return summary
 
 
@@ -214,6 +222,21 @@ def write_markdown(
                   "pypool's own work costs beyond moving the bytes on uvloop.", ""]
         lines += _table(["Scenario", "pypool", "pooler CPU/1k tx ratio", "min–max"],
                         floor_rows)
+
+    floor_tps_rows = [
+        [name, f"**{over['median']:.2f}**", f"{over['min']:.2f}–{over['max']:.2f}",
+         ", ".join(f"{variant} {spread['median']:.2f}"
+                   for variant, spread in entry["floor"].items()
+                   if variant != "pgbouncer" and spread)]
+        for name, entry in summary.items()
+        if (over := entry.get("floor", {}).get("pgbouncer"))
+    ]
+    if floor_tps_rows:
+        lines += ["", "## The pooling floor (bench/pool_floor.py) / PgBouncer", "",
+                  "TPS per adjacent pair: what a pooler on uvloop that pools and does nothing "
+                  "else reaches beside PgBouncer, and each pypool's TPS over the floor's.", ""]
+        lines += _table(["Scenario", "floor TPS / PgBouncer", "min–max", "pypool / floor"],
+                        floor_tps_rows)
 
     groups = {
         "Throughput and latency": [s for s in scenarios if not s.idle_clients and not s.script],
