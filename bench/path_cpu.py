@@ -16,7 +16,10 @@ the path, and prints nanoseconds per transaction:
   ReadyForQuery, as PostgreSQL 15 does. 30 clients wait in the pool's queue at any time, so
   every release hands the server on, as under pgbench.
 - the same bytes through bench/relay.py's no-op relay over the same fake transports (1:1,
-  no pool): what moving the bytes costs Python, the floor pypool's figure is read against.
+  no pool): what moving the bytes costs Python, the floor pypool's figure is read against;
+- and through bench/pool_floor.py's pooling (the same 50 clients on 20 servers, 30 waiting,
+  release on a read ending in ReadyForQuery 'I', nothing else): the least a pooler does.
+  pypool's figure beyond this one is what its bookkeeping costs per transaction.
 
 Each round is a fresh pooler, warmed up, then timed; the medians over the rounds are
 printed, and the fastest rounds (noise only ever adds time: on a shared machine the
@@ -47,6 +50,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, os.environ.get("PATH_CPU_TREE") or str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+import pool_floor  # noqa: E402  (bench/pool_floor.py)
 import relay  # noqa: E402  (bench/relay.py)
 
 from pypool import compiled  # noqa: E402
@@ -174,6 +178,43 @@ def relay_round(mode: str, transactions: int) -> float:
     return elapsed / transactions
 
 
+def floor_round(mode: str, transactions: int) -> float:
+    """Nanoseconds per transaction through bench/pool_floor.py's pooling over the same fakes
+    and the same shape (50 clients on 20 servers, 30 waiting)."""
+    pool = pool_floor.Pool()
+    servers = [pool_floor.Server(pool, QuietTransport()) for _ in range(POOL_SIZE)]  # type: ignore[arg-type]
+    pool.idle.extend(servers)
+    clients = []
+    for _ in range(CLIENTS):
+        client = pool_floor.Client(pool)
+        client.connection_made(QuietTransport())  # type: ignore[arg-type]
+        client.started = True  # logged in
+        clients.append(client)
+    request, reply = requests(mode), replies(mode)
+    for client in clients:
+        client.data_received(request)
+
+    def run(count: int) -> None:
+        done = 0
+        while done < count:
+            for server in servers:
+                client = server.client
+                if client is None:
+                    continue
+                server.data_received(reply)
+                client.data_received(request)
+                done += 1
+
+    run(transactions // 10)
+    gc.collect()
+    gc.freeze()
+    start = time.perf_counter_ns()
+    run(transactions)
+    elapsed = time.perf_counter_ns() - start
+    gc.unfreeze()
+    return elapsed / transactions
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", default="simple", choices=["simple", "extended"])
@@ -193,17 +234,20 @@ def main() -> None:
           f"{compiled.status}; -M {args.mode}, "
           f"{CLIENTS} clients on {POOL_SIZE} servers, {args.transactions} transactions a round"
           + (f"; {keys}" if keys else ""))
-    pooler, floor = [], []
+    pooler, floor, pooling = [], [], []
     for _ in range(args.rounds):
         pooler.append(pooler_round(args.mode, args.transactions, keys))
         floor.append(relay_round(args.mode, args.transactions))
-        print(f"  pypool {pooler[-1]:7.0f} ns   relay {floor[-1]:5.0f} ns per transaction",
-              flush=True)
-    p, r = statistics.median(pooler), statistics.median(floor)
-    print(f"medians: pypool {p:.0f} ns, relay {r:.0f} ns per transaction; pypool's own work "
-          f"{p - r:.0f} ns beyond the relay's")
+        pooling.append(floor_round(args.mode, args.transactions))
+        print(f"  pypool {pooler[-1]:7.0f} ns   relay {floor[-1]:5.0f} ns   pooling floor "
+              f"{pooling[-1]:5.0f} ns per transaction", flush=True)
+    p, r, f = statistics.median(pooler), statistics.median(floor), statistics.median(pooling)
+    print(f"medians: pypool {p:.0f} ns, relay {r:.0f} ns, pooling floor {f:.0f} ns per "
+          f"transaction; pypool's own work {p - r:.0f} ns beyond the relay's, {p - f:.0f} ns "
+          "beyond the pooling floor's")
     # The machine's noise only ever adds: the fastest round is the steadiest figure.
-    print(f"fastest rounds: pypool {min(pooler):.0f} ns, relay {min(floor):.0f} ns")
+    print(f"fastest rounds: pypool {min(pooler):.0f} ns, relay {min(floor):.0f} ns, "
+          f"pooling floor {min(pooling):.0f} ns")
 
 
 def compare(args: argparse.Namespace) -> None:
