@@ -124,29 +124,43 @@ def pooler_round(mode: str, transactions: int, keys: dict[str, Any]) -> float:
         for server in servers:
             server.transport = QuietTransport()
 
-        def run(count: int) -> None:
-            done = 0
-            while done < count:
-                for server in servers:
-                    client = server.client
-                    if client is None:
-                        continue
-                    server.data_received(reply)  # its replies; the server goes to the next
-                    client.data_received(request)  # and it sends its next transaction
-                    done += 1
-
-        run(transactions // 10)  # warm-up
-        gc.collect()
-        gc.freeze()  # as pypool does once it has started (cli.py)
-        start = time.perf_counter_ns()
-        run(transactions)
-        elapsed = time.perf_counter_ns() - start
+        ns = _timed(_serving(servers, request, reply), transactions)
         stats = fake.pool().stats
         assert stats.xact_count >= transactions, stats.xact_count
-        return elapsed / transactions
+        return ns
+    finally:
+        fake.close()
+
+
+def _serving(servers: list[Any], request: bytes, reply: bytes) -> Any:
+    """`run(count)`: `count` transactions, each linked server in turn answering its client,
+    which goes to the next in line, and that client sending its next transaction."""
+    def run(count: int) -> None:
+        done = 0
+        while done < count:
+            for server in servers:
+                client = server.client
+                if client is None:
+                    continue
+                server.data_received(reply)  # its replies; the server goes to the next
+                client.data_received(request)  # and it sends its next transaction
+                done += 1
+
+    return run
+
+
+def _timed(run: Any, transactions: int) -> float:
+    """Nanoseconds per transaction of `run(transactions)`, after a tenth as a warm-up, with
+    the heap frozen as pypool freezes it once it has started (cli.py)."""
+    run(transactions // 10)
+    gc.collect()
+    gc.freeze()
+    try:
+        start = time.perf_counter_ns()
+        run(transactions)
+        return (time.perf_counter_ns() - start) / transactions
     finally:
         gc.unfreeze()
-        fake.close()
 
 
 def relay_round(mode: str, transactions: int) -> float:
@@ -168,21 +182,15 @@ def relay_round(mode: str, transactions: int) -> float:
                 client.data_received(request)
                 done += 1
 
-    run(transactions // 10)
-    gc.collect()
-    gc.freeze()
-    start = time.perf_counter_ns()
-    run(transactions)
-    elapsed = time.perf_counter_ns() - start
-    gc.unfreeze()
-    return elapsed / transactions
+    return _timed(run, transactions)
 
 
 def floor_round(mode: str, transactions: int) -> float:
     """Nanoseconds per transaction through bench/pool_floor.py's pooling over the same fakes
     and the same shape (50 clients on 20 servers, 30 waiting)."""
     pool = pool_floor.Pool()
-    servers = [pool_floor.Server(pool, QuietTransport()) for _ in range(POOL_SIZE)]  # type: ignore[arg-type]
+    servers = [pool_floor.Server(pool, QuietTransport())  # type: ignore[arg-type]
+               for _ in range(POOL_SIZE)]
     pool.idle.extend(servers)
     clients = []
     for _ in range(CLIENTS):
@@ -193,26 +201,7 @@ def floor_round(mode: str, transactions: int) -> float:
     request, reply = requests(mode), replies(mode)
     for client in clients:
         client.data_received(request)
-
-    def run(count: int) -> None:
-        done = 0
-        while done < count:
-            for server in servers:
-                client = server.client
-                if client is None:
-                    continue
-                server.data_received(reply)
-                client.data_received(request)
-                done += 1
-
-    run(transactions // 10)
-    gc.collect()
-    gc.freeze()
-    start = time.perf_counter_ns()
-    run(transactions)
-    elapsed = time.perf_counter_ns() - start
-    gc.unfreeze()
-    return elapsed / transactions
+    return _timed(_serving(servers, request, reply), transactions)
 
 
 def main() -> None:

@@ -155,6 +155,11 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
 
 
+def _section(title: str, intro: str, header: list[str], rows: list[list[str]]) -> list[str]:
+    """A `## title` section of the report: a sentence, then its table."""
+    return ["", f"## {title}", "", intro, "", *_table(header, rows)]
+
+
 def write_markdown(
     path: Path, meta: dict, scenarios: list[Scenario], runs: list[dict], summary: dict
 ) -> None:
@@ -217,11 +222,11 @@ def write_markdown(
         if (floor := ratio.get("pooler_cpu_vs_relay"))
     ]
     if floor_rows:
-        lines += ["", "## pypool / the no-op relay (bench/relay.py)", "",
-                  "Pooler CPU per transaction over the relay's, per adjacent pair: what "
-                  "pypool's own work costs beyond moving the bytes on uvloop.", ""]
-        lines += _table(["Scenario", "pypool", "pooler CPU/1k tx ratio", "min–max"],
-                        floor_rows)
+        lines += _section("pypool / the no-op relay (bench/relay.py)",
+                          "Pooler CPU per transaction over the relay's, per adjacent pair: "
+                          "what pypool's own work costs beyond moving the bytes on uvloop.",
+                          ["Scenario", "pypool", "pooler CPU/1k tx ratio", "min–max"],
+                          floor_rows)
 
     floor_tps_rows = [
         [name, f"**{over['median']:.2f}**", f"{over['min']:.2f}–{over['max']:.2f}",
@@ -232,11 +237,12 @@ def write_markdown(
         if (over := entry.get("floor", {}).get("pgbouncer"))
     ]
     if floor_tps_rows:
-        lines += ["", "## The pooling floor (bench/pool_floor.py) / PgBouncer", "",
-                  "TPS per adjacent pair: what a pooler on uvloop that pools and does nothing "
-                  "else reaches beside PgBouncer, and each pypool's TPS over the floor's.", ""]
-        lines += _table(["Scenario", "floor TPS / PgBouncer", "min–max", "pypool / floor"],
-                        floor_tps_rows)
+        lines += _section("The pooling floor (bench/pool_floor.py) / PgBouncer",
+                          "TPS per adjacent pair: what a pooler on uvloop that pools and does "
+                          "nothing else reaches beside PgBouncer, and each pypool's TPS over "
+                          "the floor's.",
+                          ["Scenario", "floor TPS / PgBouncer", "min–max", "pypool / floor"],
+                          floor_tps_rows)
 
     groups = {
         "Throughput and latency": [s for s in scenarios if not s.idle_clients and not s.script],
