@@ -109,11 +109,11 @@ def main() -> None:
     try:
         cluster.create()
         cluster.load_pgbench(10)
-        pgbouncer, base = poolers.make_targets(
-            ["pgbouncer", "pypool"], [], [0], cluster, workdir, binary,
+        pgbouncer, base, *floor = poolers.make_targets(
+            ["pgbouncer", "pypool", *(["floor"] if "floor" in args.variants else [])],
+            [], [0], cluster, workdir, binary,
             bool(version and version >= pgbouncer_build.MIN_VERSION),
         )
-        floor = poolers.make_targets(["floor"], [], [0], cluster, workdir, binary, False)
         targets = [pgbouncer] + [
             floor[0] if spec == "floor" else variant(spec, n, base, workdir)
             for n, spec in enumerate(args.variants)

@@ -189,8 +189,9 @@ def floor_round(mode: str, transactions: int) -> float:
     """Nanoseconds per transaction through bench/pool_floor.py's pooling over the same fakes
     and the same shape (50 clients on 20 servers, 30 waiting)."""
     pool = pool_floor.Pool()
-    servers = [pool_floor.Server(pool, QuietTransport())  # type: ignore[arg-type]
-               for _ in range(POOL_SIZE)]
+    servers = [pool_floor.Server(pool) for _ in range(POOL_SIZE)]
+    for server in servers:
+        server.connection_made(QuietTransport())  # type: ignore[arg-type]
     pool.idle.extend(servers)
     clients = []
     for _ in range(CLIENTS):
@@ -223,20 +224,20 @@ def main() -> None:
           f"{compiled.status}; -M {args.mode}, "
           f"{CLIENTS} clients on {POOL_SIZE} servers, {args.transactions} transactions a round"
           + (f"; {keys}" if keys else ""))
-    pooler, floor, pooling = [], [], []
+    pooler, relayed, floor = [], [], []
     for _ in range(args.rounds):
         pooler.append(pooler_round(args.mode, args.transactions, keys))
-        floor.append(relay_round(args.mode, args.transactions))
-        pooling.append(floor_round(args.mode, args.transactions))
-        print(f"  pypool {pooler[-1]:7.0f} ns   relay {floor[-1]:5.0f} ns   pooling floor "
-              f"{pooling[-1]:5.0f} ns per transaction", flush=True)
-    p, r, f = statistics.median(pooler), statistics.median(floor), statistics.median(pooling)
+        relayed.append(relay_round(args.mode, args.transactions))
+        floor.append(floor_round(args.mode, args.transactions))
+        print(f"  pypool {pooler[-1]:7.0f} ns   relay {relayed[-1]:5.0f} ns   pooling floor "
+              f"{floor[-1]:5.0f} ns per transaction", flush=True)
+    p, r, f = statistics.median(pooler), statistics.median(relayed), statistics.median(floor)
     print(f"medians: pypool {p:.0f} ns, relay {r:.0f} ns, pooling floor {f:.0f} ns per "
           f"transaction; pypool's own work {p - r:.0f} ns beyond the relay's, {p - f:.0f} ns "
           "beyond the pooling floor's")
     # The machine's noise only ever adds: the fastest round is the steadiest figure.
-    print(f"fastest rounds: pypool {min(pooler):.0f} ns, relay {min(floor):.0f} ns, "
-          f"pooling floor {min(pooling):.0f} ns")
+    print(f"fastest rounds: pypool {min(pooler):.0f} ns, relay {min(relayed):.0f} ns, "
+          f"pooling floor {min(floor):.0f} ns")
 
 
 def compare(args: argparse.Namespace) -> None:

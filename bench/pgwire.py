@@ -30,7 +30,7 @@ class PgError(Exception):
     """An ErrorResponse from the server, or a protocol step this client cannot take."""
 
 
-def _message(kind: bytes, payload: bytes) -> bytes:
+def message(kind: bytes, payload: bytes) -> bytes:
     return kind + struct.pack("!i", len(payload) + 4) + payload
 
 
@@ -84,7 +84,7 @@ class Connection:
                 client_first_bare = f"n=,r={nonce}"
                 first = ("n,," + client_first_bare).encode()
                 self._writer.write(
-                    _message(b"p", b"SCRAM-SHA-256\0" + struct.pack("!i", len(first)) + first)
+                    message(b"p", b"SCRAM-SHA-256\0" + struct.pack("!i", len(first)) + first)
                 )
             elif code == AUTH_SASL_CONTINUE:
                 server_first = body[4:].decode()
@@ -98,7 +98,7 @@ class Connection:
                 proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
                 expected_server_signature = hmac.digest(server_key, auth_message, "sha256")
                 final = f"{final_without_proof},p={base64.b64encode(proof).decode()}"
-                self._writer.write(_message(b"p", final.encode()))
+                self._writer.write(message(b"p", final.encode()))
             elif code == AUTH_SASL_FINAL:
                 verifier = body[4:].decode().partition("v=")[2]
                 if base64.b64decode(verifier) != expected_server_signature:
@@ -108,7 +108,7 @@ class Connection:
 
     async def query(self, sql: str) -> list[tuple[str | None, ...]]:
         """Run one simple-protocol query and return its rows as text."""
-        self._writer.write(_message(b"Q", sql.encode() + b"\0"))
+        self._writer.write(message(b"Q", sql.encode() + b"\0"))
         rows: list[tuple[str | None, ...]] = []
         error = None
         while True:
@@ -122,10 +122,18 @@ class Connection:
                     raise PgError(error)
                 return rows
 
+    def hand_over(self, protocol: asyncio.BaseProtocol) -> asyncio.Transport:
+        """Give the logged-in socket to `protocol` (bench/pool_floor.py's servers) and return
+        its transport. Keep this Connection referenced while the transport is in use: its
+        StreamWriter closes the socket when it is collected."""
+        transport = self._writer.transport
+        transport.set_protocol(protocol)
+        return transport  # type: ignore[return-value]
+
     async def close(self) -> None:
         """Send Terminate and close the socket."""
         try:
-            self._writer.write(_message(b"X", b""))
+            self._writer.write(message(b"X", b""))
             self._writer.close()
             await self._writer.wait_closed()
         except (ConnectionError, OSError):

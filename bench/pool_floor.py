@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import configparser
 import struct
 import sys
 
 import pgwire
+import relay
 import uvloop
 
 READY_IDLE = b"Z\x00\x00\x00\x05I"
@@ -41,7 +41,7 @@ TERMINATE = b"X\x00\x00\x00\x04"
 SSL_REQUEST = 80877103
 WELCOME = b"".join([
     b"R" + struct.pack("!ii", 8, 0),  # AuthenticationOk
-    *(pgwire._message(b"S", f"{name}\0{value}\0".encode()) for name, value in (
+    *(pgwire.message(b"S", f"{name}\0{value}\0".encode()) for name, value in (
         ("server_version", "15.0"), ("server_encoding", "UTF8"),
         ("client_encoding", "UTF8"), ("DateStyle", "ISO, MDY"),
         ("integer_datetimes", "on"), ("standard_conforming_strings", "on"))),
@@ -57,11 +57,14 @@ class Pool:
 
 
 class Server(asyncio.Protocol):
-    def __init__(self, pool: Pool, transport: asyncio.Transport) -> None:
+    def __init__(self, pool: Pool, login: object = None) -> None:
         self.pool = pool
-        self.transport = transport
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.client: Client | None = None
-        self.login: object = None
+        self.login = login  # its pgwire.Connection, kept: it closes the socket when collected
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         client = self.client
@@ -128,23 +131,14 @@ class Client(asyncio.Protocol):
 
 
 async def serve(ini: str, password_file: str) -> None:
-    parser = configparser.ConfigParser(interpolation=None, strict=False)
-    parser.read(ini)
-    section = parser["pgbouncer"]
-    listen = (section.get("listen_addr", "127.0.0.1"), int(section["listen_port"]))
-    size = int(section.get("default_pool_size", "20"))
-    dbname, entry = next(iter(parser["databases"].items()))
-    fields = dict(part.split("=", 1) for part in entry.split())
-    host, port = fields.get("host", "127.0.0.1"), int(fields.get("port", "5432"))
+    section, listen, fields = relay.read_ini(ini)
     user, password = open(password_file).read().split()
     pool = Pool()
-    for _ in range(size):
-        connection = await pgwire.connect(host, port, user.strip('"'), password.strip('"'),
-                                          fields.get("dbname", dbname))
-        transport = connection._writer.transport
-        server = Server(pool, transport)  # type: ignore[arg-type]
-        server.login = connection  # its StreamWriter closes the socket when collected
-        transport.set_protocol(server)
+    for _ in range(int(section.get("default_pool_size", "20"))):
+        login = await pgwire.connect(fields["host"], int(fields["port"]), user.strip('"'),
+                                     password.strip('"'), fields["dbname"])
+        server = Server(pool, login)
+        server.connection_made(login.hand_over(server))
         pool.idle.append(server)
     listener = await asyncio.get_running_loop().create_server(
         lambda: Client(pool), *listen, backlog=4096)

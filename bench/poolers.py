@@ -192,6 +192,15 @@ def tls_settings(workdir: Path) -> dict[str, object]:
             "client_tls_cert_file": cert}
 
 
+def _bench_script(name: str, script: str, settings: dict[str, object], workdir: Path,
+                  *args: str) -> Target:
+    """A reference target that is one of bench/'s scripts, run with the poolers' ini."""
+    ini = workdir / f"{name}.ini"
+    return Target(name, name, 0, ini=ini, settings=settings,
+                  command=[sys.executable, str(REPO / "bench" / script), str(ini), *args],
+                  popen_kwargs=dict(cwd=REPO / "bench"), logfile=workdir / f"{name}.log")
+
+
 def make_targets(
     names: list[str],
     workers: list[int],
@@ -230,36 +239,13 @@ def make_targets(
         if name == "direct":
             targets.append(Target("direct", "direct", cluster.port))
         elif name == "relay":
-            # The floor: a no-op uvloop relay, one PostgreSQL connection per client (relay.py).
-            ini = workdir / "relay.ini"
-            targets.append(
-                Target(
-                    "relay",
-                    "relay",
-                    0,
-                    ini=ini,
-                    settings=settings,
-                    command=[sys.executable, str(REPO / "bench" / "relay.py"), str(ini)],
-                    popen_kwargs=dict(cwd=REPO),
-                    logfile=workdir / "relay.log",
-                )
-            )
+            # The floor for pooler CPU: a no-op uvloop relay, one PostgreSQL connection per
+            # client (relay.py).
+            targets.append(_bench_script("relay", "relay.py", settings, workdir))
         elif name == "floor":
-            # The pooling floor: pools as the poolers do, and does nothing else (pool_floor.py).
-            ini = workdir / "floor.ini"
-            targets.append(
-                Target(
-                    "floor",
-                    "floor",
-                    0,
-                    ini=ini,
-                    settings=settings,
-                    command=[sys.executable, str(REPO / "bench" / "pool_floor.py"), str(ini),
-                             str(workdir / PLAIN_USERLIST)],
-                    popen_kwargs=dict(cwd=REPO / "bench"),
-                    logfile=workdir / "floor.log",
-                )
-            )
+            # The floor for TPS: pools as the poolers do, and does nothing else (pool_floor.py).
+            targets.append(_bench_script("floor", "pool_floor.py", settings, workdir,
+                                         str(workdir / PLAIN_USERLIST)))
         elif name == "pgbouncer":
             ini = workdir / "pgbouncer.ini"
             targets.append(

@@ -77,14 +77,23 @@ class Client(Side):
             self.early.clear()
 
 
-async def serve(ini: str) -> None:
+def read_ini(ini: str) -> tuple[configparser.SectionProxy, tuple[str, int], dict[str, str]]:
+    """What the harness's ini (bench/poolers.py) tells a bench target: its [pgbouncer]
+    section, the address to listen on, and the first [databases] entry's fields (host, port,
+    dbname: the entry's name when the fields do not say)."""
     parser = configparser.ConfigParser(interpolation=None, strict=False)
     parser.read(ini)
     section = parser["pgbouncer"]
     listen = (section.get("listen_addr", "127.0.0.1"), int(section["listen_port"]))
-    entry = next(iter(parser["databases"].values()))
-    fields = dict(part.split("=", 1) for part in entry.split())
-    host, port = fields.get("host", "127.0.0.1"), int(fields.get("port", "5432"))
+    name, entry = next(iter(parser["databases"].items()))
+    fields = {"host": "127.0.0.1", "port": "5432", "dbname": name,
+              **dict(part.split("=", 1) for part in entry.split())}
+    return section, listen, fields
+
+
+async def serve(ini: str) -> None:
+    _, listen, fields = read_ini(ini)
+    host, port = fields["host"], int(fields["port"])
     server = await asyncio.get_running_loop().create_server(
         lambda: Client(host, port), *listen, backlog=4096)
     async with server:

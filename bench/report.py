@@ -50,8 +50,8 @@ def _spread(values: list[float]) -> dict[str, float] | None:
 
 
 def _ratios(runs: list[dict], variant: str, key: str, base: str = "pgbouncer") -> list[float]:
-    """Per-round ratios of ``key``, a pypool variant's over ``base``'s (PgBouncer, or the
-    no-op relay, bench/relay.py)."""
+    """Per-round ratios of ``key``, ``variant``'s (a pypool variant, or the pooling floor)
+    over ``base``'s (PgBouncer, the no-op relay or the pooling floor)."""
     by_round: dict[int, dict[str, float]] = {}
     for run in runs:
         measured = value(run, key)
