@@ -30,6 +30,7 @@ import logging
 from typing import TYPE_CHECKING, Final
 
 from ..pooling import prepared
+from ..pooling.params import covers
 from ..pooling.prepared import Op, Tracking
 from ..protocol import messages as m
 from ..protocol.framing import be32
@@ -74,6 +75,10 @@ class ReplyReader:
         self.stats = stats
         self.backend = BackendLedger()
         self.params: dict[str, str] = {}  # the server's session parameters, as it reported
+        self.params_version = 0  # counts the ParameterStatus messages that changed them
+        # The last client parameters `covers` found these cover, and params_version then.
+        self._covered: dict[str, str] = {}
+        self._covered_at = 0
         self.frontend: FrontendLedger | None = None
         self.client_params: dict[str, str] | None = None
         self.statement_mode = False  # pool_mode = statement: a transaction block is refused
@@ -87,6 +92,21 @@ class ReplyReader:
     def at_message_boundary(self) -> bool:
         """Whether the next byte from the server starts a message (nothing half-relayed)."""
         return not self._skip and not self._partial
+
+    def covers(self, wanted: dict[str, str]) -> bool:
+        """Whether the server's parameters already have every value a client `wanted`
+        (pooling/params.covers), asked at every link. The last set found covered is kept,
+        a copy, with params_version then: a client that wants the very same values, as
+        every client of an application does, is answered by one dict comparison instead of
+        a lookup per parameter. A ParameterStatus since then moves the version on, so the
+        next link compares afresh."""
+        if self._covered_at == self.params_version and wanted == self._covered:
+            return True
+        if not covers(self.params, wanted):
+            return False
+        self._covered = dict(wanted)
+        self._covered_at = self.params_version
+        return True
 
     def more(self) -> bool:
         """Whether a feed(b"") after READY or HIDDEN has anything left to do."""
@@ -314,6 +334,7 @@ class ReplyReader:
     def _parameter_status(self, body: bytes) -> None:
         name, value = m.parse_parameter_status(body)
         self.params[name] = value
+        self.params_version += 1
         if self.client_params is not None and name not in _NOT_SETTABLE:
             self.client_params[name] = value
 

@@ -76,7 +76,6 @@ from typing import TYPE_CHECKING, Final
 
 from ..core.link import SEND, LinkEvent
 from ..core.states import ClientState
-from ..pooling.params import covers
 from ..pooling.pipeline_guard import FAILED, PENDING, SKIPPED, Guard
 from ..pooling.session_state import sync_statements
 from ..protocol import messages as m
@@ -214,7 +213,7 @@ def can_follow(server: ServerRecord, client: ClientRecord) -> bool:
     if session is not None and (session.busy() or (session.sets or server.session_sets)
                                 and sync_statements(server.session_sets, session.sets)):
         return False
-    return covers(server.params, client.params)
+    return server.reader.covers(client.params)
 
 
 def guardable(client: ClientRecord) -> bool:

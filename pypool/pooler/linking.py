@@ -31,7 +31,6 @@ from ..core import link as lk
 from ..core.link import LinkEvent
 from ..core.states import ClientState, ServerEvent, ServerState
 from ..net import hidden_queries, link_ends, outbox, pipeline
-from ..pooling.params import covers
 from ..pooling.session_state import sync_statements
 from ..protocol import errors
 from ..protocol.errors import PoolerError
@@ -112,7 +111,7 @@ def link(pooler: Pooler, client: ClientRecord, server: ServerRecord,
         if sync:
             pool.stats.session_synced += 1
             server.session_sets = session.on_server()
-    setting = bool(check or sync) or not covers(server.params, client.params)
+    setting = bool(check or sync) or not server.reader.covers(client.params)
     actions = client.on_link(LinkEvent.LINKED_TO_SET if setting else LinkEvent.LINKED, now)
     if actions & lk.HOLD:
         # What the client sent waits for the check's and the SET's replies

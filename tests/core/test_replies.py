@@ -120,6 +120,28 @@ def test_parameter_status_updates_server_and_client_and_is_forwarded() -> None:
     assert params == {"TimeZone": "UTC"}
 
 
+def test_covers_remembers_the_last_set_and_never_answers_from_a_stale_one() -> None:
+    r = reader()
+    r.params.update({"TimeZone": "UTC", "DateStyle": "ISO, MDY", "server_version": "15"})
+    wanted = {"TimeZone": "UTC", "DateStyle": "ISO, MDY"}
+    assert r.covers(wanted)
+    assert r.covers(dict(wanted))  # another client wanting the same values: remembered
+    # The client that was covered changes a value in place: compared afresh, not covered.
+    wanted["TimeZone"] = "Europe/Paris"
+    assert not r.covers(wanted)
+    # A client wanting a value the server lacks, then one wanting less: each judged anew.
+    assert not r.covers({"TimeZone": "UTC", "search_path": "app"})
+    assert r.covers({"TimeZone": "UTC"})
+    # The server reports a new value (a SET ran on it): what it covered before is asked
+    # again against its parameters now.
+    assert r.covers({"TimeZone": "UTC"})
+    r.frontend = FrontendLedger()
+    r.client_params = {}
+    drain(r, SET + msg(b"S", b"TimeZone\x00Asia/Tokyo\x00") + READY_I)
+    assert not r.covers({"TimeZone": "UTC"})
+    assert r.covers({"TimeZone": "Asia/Tokyo"})
+
+
 def test_an_error_is_counted_and_ends_a_copy_in() -> None:
     r = linked()
     assert r.frontend is not None
