@@ -1,7 +1,7 @@
 """pypool's own work per transaction, without the kernel: the transaction path over fake sockets.
 
     python3 bench/path_cpu.py [--mode simple|extended] [--transactions N] [--rounds R]
-                              [--set KEY=VALUE ...] [TREE TREE ...]
+                              [--set KEY=VALUE ...] [--cold KIB] [TREE TREE ...]
 
 Socket CPU figures (bench/cpu_per_tx.py, bench/run) carry the kernel's share, three quarters
 of the pooler's CPU, and the machine's noise, several percent from run to run: a change of a
@@ -29,6 +29,12 @@ without a feature gives that feature's cost on the common path. With TREEs
 (pypool source trees, compiled in place or not), each round runs each tree in turn in a
 process of its own, alternating, and prints each tree's figures: a change, tree against
 tree. Run it under `perf record` for a profile of pypool's own code alone (bench/README.md).
+
+Over fakes, everything pypool touches stays in the caches from one transaction to the next;
+in a real run the kernel's socket work and the other processes push it out between each
+read and write. `--cold 256` pushes 256 KiB through the caches after every transaction
+(in every column alike), which brings pypool's figure beyond the floor's to what a real
+run's user time shows (bench/README.md): its cost is the code and objects it touches.
 """
 
 from __future__ import annotations
@@ -145,8 +151,33 @@ def _serving(servers: list[Any], request: bytes, reply: bytes) -> Any:
                 server.data_received(reply)  # its replies; the server goes to the next
                 client.data_received(request)  # and it sends its next transaction
                 done += 1
+                EVICT()
 
     return run
+
+
+def _no_eviction() -> None:
+    pass
+
+
+# `--cold KIB`: after every transaction, one write to each cache line of a KIB buffer, as
+# the kernel's socket work and PostgreSQL's and pgbench's processes push the pooler's code
+# and objects out of the cores' caches between its reads and writes in a real run. Every
+# figure then carries the same cost of the eviction itself: read them against one another
+# (pypool against the pooling floor, a tree against a tree), not alone.
+EVICT: Any = _no_eviction
+
+
+def cold(kib: int) -> None:
+    """Make EVICT push `kib` KiB of other data through the caches."""
+    global EVICT
+    lines = memoryview(bytearray(kib * 1024))[::64]
+    ones = b"\x01" * len(lines)
+
+    def evict() -> None:
+        lines[:] = ones
+
+    EVICT = evict
 
 
 def _timed(run: Any, transactions: int) -> float:
@@ -181,6 +212,7 @@ def relay_round(mode: str, transactions: int) -> float:
                 server.data_received(reply)
                 client.data_received(request)
                 done += 1
+                EVICT()
 
     return _timed(run, transactions)
 
@@ -212,8 +244,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a [pgbouncer] key for the pooler (repeatable)")
+    parser.add_argument("--cold", type=int, default=0, metavar="KIB",
+                        help="push KIB of other data through the caches after every "
+                             "transaction, as a real run's kernel and other processes do "
+                             "(each figure then carries that cost: compare them)")
     parser.add_argument("trees", nargs="*", help="pypool trees to measure against each other")
     args = parser.parse_args()
+    if args.cold:
+        cold(args.cold)
     if args.trees:
         return compare(args)
     keys: dict[str, Any] = {}
@@ -223,6 +261,7 @@ def main() -> None:
     print(f"pypool from {Path(compiled.__file__).parent.parent}, hot path "
           f"{compiled.status}; -M {args.mode}, "
           f"{CLIENTS} clients on {POOL_SIZE} servers, {args.transactions} transactions a round"
+          + (f", {args.cold} KiB through the caches after each" if args.cold else "")
           + (f"; {keys}" if keys else ""))
     pooler, relayed, floor = [], [], []
     for _ in range(args.rounds):
@@ -246,7 +285,7 @@ def compare(args: argparse.Namespace) -> None:
     for _ in range(args.rounds):
         for tree in args.trees:
             command = [sys.executable, __file__, "--rounds", "1", "--mode", args.mode,
-                       "--transactions", str(args.transactions)]
+                       "--transactions", str(args.transactions), "--cold", str(args.cold)]
             command += [f"--set={item}" for item in args.set]
             out = subprocess.run(command, env={**os.environ, "PATH_CPU_TREE": tree},
                                  capture_output=True, text=True, check=True).stdout
