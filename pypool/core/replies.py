@@ -75,7 +75,7 @@ class ReplyReader:
         self.stats = stats
         self.backend = BackendLedger()
         self.params: dict[str, str] = {}  # the server's session parameters, as it reported
-        self.params_version = 0  # counts the ParameterStatus messages that changed them
+        self.params_version = 0  # moved on by every ParameterStatus after the login
         # The last client parameters `covers` found these cover, and params_version then.
         self._covered: dict[str, str] = {}
         self._covered_at = 0
