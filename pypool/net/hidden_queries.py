@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from ..core import backend as backend_ledger
 from ..core.backend import HIDDEN_CHECK, HIDDEN_PLAIN
 from ..core.link import LinkState
-from ..pooling.params import covers, set_statements
+from ..pooling.params import set_statements
 from ..pooling.session_state import SESSION_SETTINGS
 from ..protocol import messages as m
 
@@ -56,7 +56,7 @@ def prepare_for(server: ServerRecord, client: ClientRecord, check_query: str,
         # `<empty>` (the default, as PgBouncer 1.25's): an empty Query, the cheapest there is.
         send_hidden_query(server, "" if check_query == EMPTY_QUERY else check_query,
                           HIDDEN_CHECK)
-    if session_sql or not covers(server.params, client.params):
+    if session_sql or not server.reader.covers(client.params):
         send_parameters(server, client, session_sql)
 
 
