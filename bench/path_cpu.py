@@ -48,6 +48,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,8 @@ def pooler_round(mode: str, transactions: int, keys: dict[str, Any]) -> float:
 def _serving(servers: list[Any], request: bytes, reply: bytes) -> Any:
     """`run(count)`: `count` transactions, each linked server in turn answering its client,
     which goes to the next in line, and that client sending its next transaction."""
+    evict = EVICT
+
     def run(count: int) -> None:
         done = 0
         while done < count:
@@ -151,13 +154,10 @@ def _serving(servers: list[Any], request: bytes, reply: bytes) -> Any:
                 server.data_received(reply)  # its replies; the server goes to the next
                 client.data_received(request)  # and it sends its next transaction
                 done += 1
-                EVICT()
+                if evict is not None:
+                    evict()
 
     return run
-
-
-def _no_eviction() -> None:
-    pass
 
 
 # `--cold KIB`: after every transaction, one write to each cache line of a KIB buffer, as
@@ -165,7 +165,7 @@ def _no_eviction() -> None:
 # and objects out of the cores' caches between its reads and writes in a real run. Every
 # figure then carries the same cost of the eviction itself: read them against one another
 # (pypool against the pooling floor, a tree against a tree), not alone.
-EVICT: Any = _no_eviction
+EVICT: Callable[[], None] | None = None
 
 
 def cold(kib: int) -> None:
@@ -197,6 +197,7 @@ def _timed(run: Any, transactions: int) -> float:
 def relay_round(mode: str, transactions: int) -> float:
     """Nanoseconds per transaction through bench/relay.py's sides over the same fakes."""
     pairs = []
+    evict = EVICT
     for _ in range(CLIENTS):
         client, server = relay.Side(), relay.Side()
         client.connection_made(QuietTransport())  # type: ignore[arg-type]
@@ -212,7 +213,8 @@ def relay_round(mode: str, transactions: int) -> float:
                 server.data_received(reply)
                 client.data_received(request)
                 done += 1
-                EVICT()
+                if evict is not None:
+                    evict()
 
     return _timed(run, transactions)
 
