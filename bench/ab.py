@@ -4,7 +4,8 @@
 
 A VARIANT is a pypool source tree, optionally with `@key=value,...`: lowercase keys are ini
 settings (`@pipeline_depth=0`, `@workers=2`), uppercase ones environment variables for the
-pooler process; or `floor`, bench/pool_floor.py (the least a pooler on uvloop does). `.`
+pooler process; or `floor`, bench/pool_floor.py (the least a pooler on uvloop does),
+optionally with `@KEY=value,...` environment variables (`floor@POOL_FLOOR_TOUCH=30`). `.`
 is this checkout. PGBENCH ARGS default to `-S -M prepared -c 100 -j 100` (pool 20, as in
 bench/run's select-prepared-c100). PgBouncer (bench/run's build, same ini) and each variant
 run in turn, `--rounds` times, a fresh pooler process per run.
@@ -20,6 +21,7 @@ there under this load (bench/README.md, "What limits pypool now").
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import resource
@@ -86,6 +88,18 @@ def variant(spec: str, index: int, base: poolers.Target, workdir: Path) -> poole
     )
 
 
+def floor_variant(spec: str, floor: poolers.Target) -> poolers.Target:
+    """`floor`, or `floor@KEY=value,...`: the pooling floor with those environment
+    variables (bench/pool_floor.py's POOL_FLOOR_TOUCH)."""
+    _, _, options = spec.partition("@")
+    if not options:
+        return floor
+    env = dict(item.split("=", 1) for item in options.split(","))
+    return dataclasses.replace(
+        floor, name=spec,
+        popen_kwargs=dict(floor.popen_kwargs, env=dict(os.environ, **env)))
+
+
 def main() -> None:
     argv = sys.argv[1:]
     pgbench_args = DEFAULT_PGBENCH
@@ -109,13 +123,15 @@ def main() -> None:
     try:
         cluster.create()
         cluster.load_pgbench(10)
+        floors = any(spec.partition("@")[0] == "floor" for spec in args.variants)
         pgbouncer, base, *floor = poolers.make_targets(
-            ["pgbouncer", "pypool", *(["floor"] if "floor" in args.variants else [])],
+            ["pgbouncer", "pypool", *(["floor"] if floors else [])],
             [], [0], cluster, workdir, binary,
             bool(version and version >= pgbouncer_build.MIN_VERSION),
         )
         targets = [pgbouncer] + [
-            floor[0] if spec == "floor" else variant(spec, n, base, workdir)
+            floor_variant(spec, floor[0]) if spec.partition("@")[0] == "floor"
+            else variant(spec, n, base, workdir)
             for n, spec in enumerate(args.variants)
         ]
         tps: dict[str, list[float]] = {target.name: [] for target in targets}

@@ -14,6 +14,10 @@ the pooler's user time goes in a real run: each pypool function's share of the u
 samples, inclusive (itself and everything below it, libpython and uvloop included) and as
 the innermost pypool function on the stack (bench/README.md, "Where a real run's user time
 goes").
+
+`--rate N` runs pgbench at a fixed rate (`-R N`) instead of as fast as it goes: the pooler
+then sleeps between transactions and each one finds its code and objects pushed out of the
+caches, as they are on a loaded machine (bench/README.md, "At a fixed rate").
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--user-map", action="store_true",
                         help="call stacks: the user time per pypool function")
+    parser.add_argument("--rate", type=int, default=0,
+                        help="pgbench -R: a fixed rate of transactions a second (0: as fast "
+                             "as it goes)")
     args = parser.parse_args()
     pg = EmbeddedPostgres()
     pg.start()
@@ -67,7 +74,8 @@ def main() -> None:
             wait_listening(port)
             load = subprocess.Popen(
                 [pgbench, "-S", "-M", args.mode, "-c", "50", "-j", "2", "-h", "127.0.0.1",
-                 "-p", str(port), "-U", "app", "-T", str(args.seconds + 6), "bench"],
+                 "-p", str(port), "-U", "app", "-T", str(args.seconds + 6),
+                 *(["-R", str(args.rate)] if args.rate else []), "bench"],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             time.sleep(3)
             sampling = (["-F", "499", "--call-graph", "dwarf,16384"] if args.user_map

@@ -23,12 +23,19 @@ on this machine.
 Run as a target: `python bench/pool_floor.py INI PASSWORD_FILE`, the ini the harness writes
 for the poolers (listen_addr and listen_port, default_pool_size, the first [databases]
 entry) and a file holding the role's password.
+
+`POOL_FLOOR_TOUCH=N` (an environment variable; `bench/ab.py ... floor@POOL_FLOOR_TOUCH=N`)
+gives every client and every server N objects of their own, of assorted sizes, and reads and
+writes each of them on each of the connection's reads: what touching N more objects of a
+connection per read costs a pooler whose objects are out of the caches between its reads
+(bench/README.md, "At a fixed rate").
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import struct
 import sys
 
@@ -50,6 +57,29 @@ WELCOME = b"".join([
 ])
 
 
+TOUCH = int(os.environ.get("POOL_FLOOR_TOUCH", "0"))
+
+
+# Objects of seven sizes (one to seven slots), so that a connection's own objects lie in
+# different size classes of the allocator, apart from one another, as a pooler's do.
+PARTS = [type(f"Part{k}", (), {"__slots__": tuple(f"s{i}" for i in range(k))})
+         for k in range(1, 8)]
+
+
+def parts() -> list[object]:
+    own = []
+    for n in range(TOUCH):
+        part = PARTS[n % len(PARTS)]()
+        part.s0 = 0  # type: ignore[attr-defined]
+        own.append(part)
+    return own
+
+
+def touch(own: list[object]) -> None:
+    for part in own:
+        part.s0 += 1  # type: ignore[attr-defined]
+
+
 class Pool:
     def __init__(self) -> None:
         self.idle: list[Server] = []
@@ -62,6 +92,7 @@ class Server(asyncio.Protocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.client: Client | None = None
         self.login = login  # its pgwire.Connection, kept: it closes the socket when collected
+        self.own: list[object] = parts()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -70,6 +101,8 @@ class Server(asyncio.Protocol):
         client = self.client
         if client is None:
             return
+        if TOUCH:
+            touch(self.own)
         if client.alive:
             client.transport.write(data)
         if data.endswith(READY_IDLE):
@@ -97,12 +130,15 @@ class Client(asyncio.Protocol):
         self.pending: list[bytes] = []
         self.started = False
         self.alive = True
+        self.own: list[object] = parts()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         server = self.server
+        if TOUCH:
+            touch(self.own)
         if data == TERMINATE:
             self.transport.close()  # never to a server: it stays in the pool
         elif server is not None:
