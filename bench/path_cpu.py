@@ -109,34 +109,41 @@ class QuietTransport(fakes.FakeTransport):
 
 def pooler_round(mode: str, transactions: int, keys: dict[str, Any]) -> float:
     """Nanoseconds per transaction through a fresh pooler."""
-    settings = {"default_pool_size": POOL_SIZE, "pipeline_depth": 0, **keys}
-    fake = fakes.FakePooler(fakes.make_settings(**settings))
-    fake.pooler.now = time.monotonic  # the real clock, as in pypool
+    fake, servers = pooler_serving(mode, keys)
     try:
-        request, reply = requests(mode), replies(mode)
-        first = fake.connect(application_name="pgbench")
-        fake.open_servers(**SERVER_PARAMS)  # the pool's first server: the welcome
-        clients = [first.conn] + [fake.connect(application_name="pgbench").conn
-                                  for _ in range(CLIENTS - 1)]
-        for client in clients:
-            client.transport = QuietTransport()
-        # Every client sends its transaction: the pool opens its other servers, then 20
-        # clients hold one and 30 wait.
-        for client in clients:
-            client.data_received(request)
-        fake.open_servers(**SERVER_PARAMS)
-        pool = fake.pool()
-        servers = [*pool.active]
-        assert len(servers) == POOL_SIZE and len(pool.waiting) == CLIENTS - POOL_SIZE
-        for server in servers:
-            server.transport = QuietTransport()
-
-        ns = _timed(_serving(servers, request, reply), transactions)
+        ns = _timed(_serving(servers, requests(mode), replies(mode)), transactions)
         stats = fake.pool().stats
         assert stats.xact_count >= transactions, stats.xact_count
         return ns
     finally:
         fake.close()
+
+
+def pooler_serving(mode: str, keys: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """A fresh pooler over fakes in the steady state: 50 clients, 20 of them linked to the
+    pool's 20 servers, each having sent its transaction, 30 waiting. Returns the fake
+    pooler (tests/net/fakes.py; close it after) and the servers."""
+    settings = {"default_pool_size": POOL_SIZE, "pipeline_depth": 0, **keys}
+    fake = fakes.FakePooler(fakes.make_settings(**settings))
+    fake.pooler.now = time.monotonic  # the real clock, as in pypool
+    request = requests(mode)
+    first = fake.connect(application_name="pgbench")
+    fake.open_servers(**SERVER_PARAMS)  # the pool's first server: the welcome
+    clients = [first.conn] + [fake.connect(application_name="pgbench").conn
+                              for _ in range(CLIENTS - 1)]
+    for client in clients:
+        client.transport = QuietTransport()
+    # Every client sends its transaction: the pool opens its other servers, then 20
+    # clients hold one and 30 wait.
+    for client in clients:
+        client.data_received(request)
+    fake.open_servers(**SERVER_PARAMS)
+    pool = fake.pool()
+    servers = [*pool.active]
+    assert len(servers) == POOL_SIZE and len(pool.waiting) == CLIENTS - POOL_SIZE
+    for server in servers:
+        server.transport = QuietTransport()
+    return fake, servers
 
 
 def _serving(servers: list[Any], request: bytes, reply: bytes) -> Any:
@@ -222,6 +229,12 @@ def relay_round(mode: str, transactions: int) -> float:
 def floor_round(mode: str, transactions: int) -> float:
     """Nanoseconds per transaction through bench/pool_floor.py's pooling over the same fakes
     and the same shape (50 clients on 20 servers, 30 waiting)."""
+    return _timed(_serving(floor_serving(mode), requests(mode), replies(mode)), transactions)
+
+
+def floor_serving(mode: str) -> list[Any]:
+    """bench/pool_floor.py's pooling in the same steady state as `pooler_serving`: its
+    servers."""
     pool = pool_floor.Pool()
     servers = [pool_floor.Server(pool) for _ in range(POOL_SIZE)]
     for server in servers:
@@ -233,10 +246,10 @@ def floor_round(mode: str, transactions: int) -> float:
         client.connection_made(QuietTransport())  # type: ignore[arg-type]
         client.started = True  # logged in
         clients.append(client)
-    request, reply = requests(mode), replies(mode)
+    request = requests(mode)
     for client in clients:
         client.data_received(request)
-    return _timed(_serving(servers, request, reply), transactions)
+    return servers
 
 
 def main() -> None:
