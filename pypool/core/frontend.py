@@ -35,7 +35,8 @@ client went from owed nothing to owed something: its query has started), `termin
 (a Terminate came; what came before it is returned), `error` (the client broke the protocol:
 what came before the bad message is returned, the caller sends it and then fails the
 client), `segment_end` (the bytes returned are exactly one driver segment, its Bind ending
-there: take_outbox need not look at them again).
+there: take_outbox need not look at them again), `noticed` (statements that change
+session state were seen: `changes` or `refused` has some for the pooler).
 
 Never touches a socket and never decides a release.
 """
@@ -112,6 +113,9 @@ class RequestReader:
         self.reject = ""  # the pool_mode named in a refusal; "" when nothing is refused
         self.changes: list[ss.Command] = []
         self.refused: list[ss.Command] = []
+        # Set when either list gains one, cleared by the caller that takes them: the caller
+        # asks this plain attribute after each feed, not the two lists.
+        self.noticed = False
         # The last Parse looked at that changes nothing: the same one again, as drivers send
         # the unnamed statement of a repeated query, is not looked at again.
         self.last_plain_parse = b""
@@ -189,6 +193,7 @@ class RequestReader:
                         start = end
             if found:
                 self.changes.extend(found)
+                self.noticed = True
             if action == _OPENS_SEGMENT:
                 ledger.segment()
             elif action == _OWES_READY:
@@ -334,6 +339,7 @@ class RequestReader:
         last = skip <= len(data)
         if scan.feed(data[:skip] if last else data):
             self.changes.append(ss.Command(ss.UNTRACKABLE, ss.LONG_STATEMENT))
+            self.noticed = True
             last = True
         if last:
             self.scan = None
@@ -348,6 +354,7 @@ class RequestReader:
             return b""
         new = ss.refused_message(kind, data, pos, end, ss.refusal(refused, self.reject))
         self.refused.append(refused)
+        self.noticed = True
         return new
 
     def _dropped(self, action: int, kind: int, size: int, linked: bool) -> bool:

@@ -74,6 +74,9 @@ class ReplyReader:
         self.requests = statements.requests  # its request queue, read per reply
         self.stats = stats
         self.backend = BackendLedger()
+        # Its list of the pooler's own queries in flight (never replaced), read on every
+        # read: held here, as `requests` is, so a read looks at one object less.
+        self.hidden = self.backend.hidden
         self.params: dict[str, str] = {}  # the server's session parameters, as it reported
         self.params_version = 0  # moved on by every ParameterStatus after the login
         # The last client parameters `covers` found these cover, and params_version then.
@@ -120,7 +123,7 @@ class ReplyReader:
             data = self._resume(data)
         n = len(data)
         pos = self._skip
-        hidden = self.backend.hidden
+        hidden = self.hidden
         if pos >= n and not hidden:
             return self._inside_message(data, n, pos)
         self._skip = 0

@@ -182,7 +182,7 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
         out = reader.feed(data, st, server is not None)
         if reader.blocked:
             outbox.hold_back(self)  # what it sends meanwhile waits unread: up to a point
-        if reader.changes or reader.refused:
+        if reader.noticed:
             self.pooler.session_changed(self)  # pooler/transactions.py
         if reader.began:
             self.query_start = self.pooler.now()

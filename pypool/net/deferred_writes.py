@@ -36,7 +36,8 @@ def send_soon(server: ServerRecord, data: bytes) -> None:
     if server.trace is not None:
         server.trace.server_write(server, data)
     deferred = server.deferred
-    if not deferred:
+    if deferred is None:
+        deferred = server.deferred = []
         pooler = server.pooler
         if not pooler.to_flush:
             # Callbacks run once every connection with something ready has been read.
@@ -60,9 +61,9 @@ def flush(server: ServerRecord) -> None:
     """Write what `send_soon` deferred, in one write (dropped if the server is already
     closed)."""
     deferred = server.deferred
-    if deferred:
+    if deferred is not None:
         data = b"".join(deferred)
-        deferred.clear()
+        server.deferred = None
         transport = server.transport
         if transport is not None and server.state is not ServerState.CLOSED:
             transport.write(data)

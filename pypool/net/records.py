@@ -402,8 +402,9 @@ class ServerRecord(ReadingSwitch):
         self.tls_info = ""  # TLS's line of SHOW SERVERS ("" in plaintext)
         self.writing_paused = False  # our socket to PostgreSQL is above its high-water mark
         # Requests written together when this round of the event loop has read everything
-        # that was ready (net/deferred_writes.py).
-        self.deferred: list[bytes] = []
+        # that was ready (net/deferred_writes.py); None while there are none, as almost
+        # always without pipelining: `send` then asks no list.
+        self.deferred: list[bytes] | None = None
         self.reader.name = repr(self)
 
     # The transaction log's reader of this server's replies; None with the log off. Set by

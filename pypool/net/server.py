@@ -106,7 +106,7 @@ class ServerConnection(ServerRecord, asyncio.Protocol):
         pooler's own query, for the trace)."""
         if self.trace is not None:
             self.trace.server_write(self, data, own)
-        if self.deferred:
+        if self.deferred is not None:
             self.deferred.append(data)
         else:
             assert self.transport is not None

@@ -99,6 +99,7 @@ def session_changed(pooler: Pooler, client: ClientRecord) -> None:
     """The client's request reader saw statements that change session state: refused
     ones are counted and logged; the others are told to the client's record."""
     reader = client.reader
+    reader.noticed = False  # both lists are taken below
     assert client.pool is not None
     stats = client.pool.stats
     for command in reader.refused:

@@ -102,9 +102,9 @@ One Parse and one Bind, file by file
 A client logs in: net/client_login.py gives it a ClientStatements (registry.py). Each server
 gets a ServerStatements (rewriter.py; net/records.py makes it), which builds its
 RequestQueue, ServerCache, SqlNames and GuardStatement. When the pooler links the two,
-`ServerStatements.attach(client)` bumps the cache's `epoch` (statements used from now on
-are not evicted in this link) and returns the hidden PREPAREs of the client's SQL-level
-statements, if any (sql.py, `SqlNames.attach`).
+`ServerStatements.attach(client)` counts the link in the request queue, which is the cache's
+`epoch` (statements used from now on are not evicted in this link), and returns the hidden
+PREPAREs of the client's SQL-level statements, if any (sql.py, `SqlNames.attach`).
 
 1. The client sends Parse "s1" "SELECT $1::int", then Sync. core/frontend.py frames them
    and calls `ServerStatements.from_client` once per message.

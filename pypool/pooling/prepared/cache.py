@@ -41,7 +41,13 @@ class ServerCache:
         # Statements the server may or may not still have, since something ran there that
         # the pooler could not follow (`forget`): closed first when parsed there again.
         self.stale: set[Statement] = set()
-        self.epoch = 0  # bumped at each link: statements used in this link are not evicted
+
+    @property
+    def epoch(self) -> int:
+        """The current link's number (its request queue counts the links): statements used
+        in this link are not evicted. Kept there, so that a link that uses no named
+        statement never looks at the cache."""
+        return self.requests.links
 
     def ensure(self, stmt: Statement) -> bytes:
         """What to send first so the server has `stmt` (b"" if it has it already)."""

@@ -87,6 +87,7 @@ class RequestQueue:
         self.undoable: dict[int, int] = {}
         self.to_client: list[bytes] = []  # synthesised replies ready to go out
         self.replacement = b""  # the message to send for a REPLACE verdict
+        self.links = 0  # clients linked so far: the statement cache's epoch (cache.py)
 
     # --- queueing -------------------------------------------------------------------------
 
@@ -364,9 +365,11 @@ class RequestQueue:
 
     def attach(self) -> None:
         """A client is linked: no segment of its is open yet."""
+        self.links += 1
         self.open_fine = False
-        self.open_count = 0
-        self.open_renames.clear()
+        if self.open_count:  # renames are listed only with requests counted there
+            self.open_count = 0
+            self.open_renames.clear()
 
     def close(self) -> list[Statement]:
         """The server is gone: empty the queue. Returns the statements whose reference a

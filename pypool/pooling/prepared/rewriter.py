@@ -155,14 +155,14 @@ class ServerStatements:
         """A client is linked: returns the hidden queries that give this server the client's
         SQL-level statements (their replies are swallowed)."""
         self.client = client
-        self.cache.epoch += 1
-        self.requests.attach()
+        self.requests.attach()  # counts the link: the cache's epoch
         self.open_neutral = True
         self.last_neutral = False
         self.unnamed_neutral = False
         self.unnamed_touches = False
         self.open_touches = False
-        return self.sql.attach(client)
+        # Most clients have no SQL-level statement: the server's names are not looked at.
+        return self.sql.attach(client) if client.sql else b""
 
     def detach(self) -> bool:
         """The client leaves. False if requests are still queued (a bug: close the server)."""
