@@ -30,7 +30,7 @@ import logging
 from typing import TYPE_CHECKING, Final
 
 from ..pooling import prepared
-from ..pooling.params import covers
+from ..pooling.params import ClientParams, covers
 from ..pooling.prepared import Op, Tracking
 from ..protocol import messages as m
 from ..protocol.framing import be32
@@ -79,8 +79,9 @@ class ReplyReader:
         self.hidden = self.backend.hidden
         self.params: dict[str, str] = {}  # the server's session parameters, as it reported
         self.params_version = 0  # moved on by every ParameterStatus after the login
-        # The last client parameters `covers` found these cover, and params_version then.
-        self._covered: dict[str, str] = {}
+        # The key of the last client parameters `covers` found these cover
+        # (ClientParams.key: the same for the same values), and params_version then.
+        self._covered: frozenset[tuple[str, str]] | None = None
         self._covered_at = 0
         self.frontend: FrontendLedger | None = None
         self.client_params: dict[str, str] | None = None
@@ -96,18 +97,20 @@ class ReplyReader:
         """Whether the next byte from the server starts a message (nothing half-relayed)."""
         return not self._skip and not self._partial
 
-    def covers(self, wanted: dict[str, str]) -> bool:
+    def covers(self, wanted: ClientParams) -> bool:
         """Whether the server's parameters already have every value a client `wanted`
-        (pooling/params.covers), asked at every link. The last set found covered is kept,
-        a copy, with params_version then: a client that wants the very same values, as
-        every client of an application does, is answered by one dict comparison instead of
-        a lookup per parameter. A ParameterStatus since then moves the version on, so the
-        next link compares afresh."""
-        if self._covered_at == self.params_version and wanted == self._covered:
+        (pooling/params.covers), asked at every link. The key of the last values found
+        covered is kept (ClientParams.key: one object for the same values, forgotten when
+        they change) with params_version then: a client that wants the very same values,
+        as every client of an application does, is answered by comparing two references,
+        not two dicts. A ParameterStatus since then moves the version on, so the next link
+        compares afresh."""
+        key = wanted.key()
+        if key is self._covered and self._covered_at == self.params_version:
             return True
         if not covers(self.params, wanted):
             return False
-        self._covered = dict(wanted)
+        self._covered = key
         self._covered_at = self.params_version
         return True
 

@@ -46,6 +46,7 @@ from ..core.link import Link
 from ..core.socket_ids import socket_ids as _ids  # shared by both sides
 from ..core.states import SERVER_ROWS, ClientState, ServerState
 from ..pooling import prepared
+from ..pooling.params import ClientParams
 from ..pooling.session_state import ClientSession
 from ..protocol import messages as m
 from .flow_control import ReadingSwitch
@@ -256,8 +257,9 @@ class ClientRecord(ReadingSwitch):
         self.link = Link()
         self.server: ServerRecord | None = None
         self.admin: ConsoleSession | None = None  # set when connected to the console
-        # Tracked session parameters as this client should see them.
-        self.params: dict[str, str] = {}
+        # Tracked session parameters as this client should see them (a dict that knows
+        # when it changed: pooling/params.py).
+        self.params = ClientParams()
         self.startup_params: dict[str, str] = {}
         self.cancel_key = (0, 0)
         now = pooler.now()

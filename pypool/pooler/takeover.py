@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ..core.states import ClientEvent, ClientState
 from ..net.client import ClientConnection
 from ..net.unix_socket import MAX_SOCKET_PATH, UnixSocket, peer_uid, socket_path
+from ..pooling.params import ClientParams
 from ..protocol import errors
 from ..protocol.errors import PoolerError
 from . import replication
@@ -551,7 +552,7 @@ def _restore(pooler: Pooler, client: ClientRecord, state: dict[str, Any]) -> Non
         client.user = str(state["user"])
         client.database = str(state["database"])
         client.startup_params = {str(k): str(v) for k, v in state["startup_params"].items()}
-        client.params = {str(k): str(v) for k, v in state["params"].items()}
+        client.params = ClientParams({str(k): str(v) for k, v in state["params"].items()})
         host, port = state["peer"]
         # Its own address, as it was there: a PROXY header's, not the balancer's.
         client.peer = (sys.intern(str(host)), int(port))

@@ -16,6 +16,10 @@ record follows the client (net/client_login.py).
 
 from __future__ import annotations
 
+from typing import Any, Final
+
+from mypy_extensions import mypyc_attr
+
 TRACKED = (
     "client_encoding",
     "DateStyle",
@@ -85,6 +89,80 @@ def covers(current: dict[str, str], wanted: dict[str, str]) -> bool:
         if have is not value and have != value:
             return False
     return True
+
+
+# ClientParams keys by value, so that clients with the same values share one; cleared when
+# it grows past this (a key already given out stays valid: it is only ever compared by
+# identity, and no other values can come to have it).
+_KEYS: dict[frozenset[tuple[str, str]], frozenset[tuple[str, str]]] = {}
+_KEYS_MAX: Final = 4096
+
+
+@mypyc_attr(native_class=False)
+class ClientParams(dict[str, str]):
+    """A client's tracked parameters, as it should see them: a dict that knows when it
+    changed. `key()` is one object for all the ClientParams that hold the same values, made
+    when first asked and forgotten at any change, whoever makes it (every method that
+    writes is overridden here). A server remembers the values it last found it covers by
+    that key (core/replies.py `ReplyReader.covers`): at a link, one identity comparison
+    answers for every client of an application instead of a comparison of two dicts, whose
+    entries, in a real run, are fetched from memory each time (bench/README.md).
+
+    A plain Python class (mypyc compiles no dict subclass natively); its reads are the
+    dict's."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, *args: Any, **kwargs: str) -> None:
+        super().__init__(*args, **kwargs)
+        self._key: frozenset[tuple[str, str]] | None = None
+
+    def key(self) -> frozenset[tuple[str, str]]:
+        key = self._key
+        if key is None:
+            items = frozenset(self.items())
+            key = _KEYS.get(items)
+            if key is None:
+                if len(_KEYS) >= _KEYS_MAX:
+                    _KEYS.clear()
+                key = _KEYS[items] = items
+            self._key = key
+        return key
+
+    # --- every write forgets the key --------------------------------------------------------
+
+    def __setitem__(self, name: str, value: str) -> None:
+        self._key = None
+        super().__setitem__(name, value)
+
+    def __delitem__(self, name: str) -> None:
+        self._key = None
+        super().__delitem__(name)
+
+    def update(self, *args: Any, **kwargs: str) -> None:  # type: ignore[override]
+        self._key = None
+        super().update(*args, **kwargs)
+
+    def setdefault(self, name: str, default: str = "") -> str:  # type: ignore[override]
+        self._key = None
+        return super().setdefault(name, default)
+
+    def pop(self, *args: Any) -> Any:
+        self._key = None
+        return super().pop(*args)
+
+    def popitem(self) -> tuple[str, str]:
+        self._key = None
+        return super().popitem()
+
+    def clear(self) -> None:
+        self._key = None
+        super().clear()
+
+    def __ior__(self, other: Any) -> ClientParams:  # type: ignore[override,misc]
+        self._key = None
+        super().__ior__(other)
+        return self
 
 
 def quote_literal(value: str) -> str:

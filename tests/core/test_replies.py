@@ -16,6 +16,7 @@ from pypool.core import backend as bk
 from pypool.core import replies
 from pypool.core.ledger import COPY_IN, FrontendLedger
 from pypool.core.replies import ReplyReader
+from pypool.pooling.params import ClientParams
 from pypool.pooling.pool import PoolStats
 from pypool.pooling.prepared import ServerStatements
 from pypool.pooling.prepared.registry import Registry
@@ -123,23 +124,53 @@ def test_parameter_status_updates_server_and_client_and_is_forwarded() -> None:
 def test_covers_remembers_the_last_set_and_never_answers_from_a_stale_one() -> None:
     r = reader()
     r.params.update({"TimeZone": "UTC", "DateStyle": "ISO, MDY", "server_version": "15"})
-    wanted = {"TimeZone": "UTC", "DateStyle": "ISO, MDY"}
+    wanted = ClientParams({"TimeZone": "UTC", "DateStyle": "ISO, MDY"})
     assert r.covers(wanted)
-    assert r.covers(dict(wanted))  # another client wanting the same values: remembered
-    # The client that was covered changes a value in place: compared afresh, not covered.
+    other = ClientParams(wanted)  # another client wanting the same values: the same key
+    assert other.key() is wanted.key()
+    assert r.covers(other)
+    # The client that was covered changes a value in place, by any of dict's writes:
+    # its key is forgotten, and it is compared afresh, not covered.
     wanted["TimeZone"] = "Europe/Paris"
     assert not r.covers(wanted)
+    for change in (lambda p: p.update(TimeZone="Europe/Paris"),
+                   lambda p: p.setdefault("search_path", "app"),
+                   lambda p: p.pop("TimeZone"), lambda p: p.popitem(),
+                   lambda p: p.__delitem__("DateStyle"), lambda p: p.clear(),
+                   lambda p: p.__ior__({"TimeZone": "Europe/Paris"})):
+        changed = ClientParams({"TimeZone": "UTC", "DateStyle": "ISO, MDY"})
+        assert r.covers(changed)
+        key = changed.key()
+        change(changed)
+        assert changed.key() is not key, change
     # A client wanting a value the server lacks, then one wanting less: each judged anew.
-    assert not r.covers({"TimeZone": "UTC", "search_path": "app"})
-    assert r.covers({"TimeZone": "UTC"})
+    assert not r.covers(ClientParams({"TimeZone": "UTC", "search_path": "app"}))
+    assert r.covers(ClientParams({"TimeZone": "UTC"}))
     # The server reports a new value (a SET ran on it): what it covered before is asked
     # again against its parameters now.
-    assert r.covers({"TimeZone": "UTC"})
+    assert r.covers(ClientParams({"TimeZone": "UTC"}))
     r.frontend = FrontendLedger()
-    r.client_params = {}
+    r.client_params = ClientParams()
     drain(r, SET + msg(b"S", b"TimeZone\x00Asia/Tokyo\x00") + READY_I)
-    assert not r.covers({"TimeZone": "UTC"})
-    assert r.covers({"TimeZone": "Asia/Tokyo"})
+    assert not r.covers(ClientParams({"TimeZone": "UTC"}))
+    assert r.covers(ClientParams({"TimeZone": "Asia/Tokyo"}))
+
+
+def test_a_parameter_status_to_the_linked_client_forgets_its_key() -> None:
+    """The reply reader writes the client's parameters in place (a SET the client ran): the
+    server that covered them before must compare them again."""
+    r = reader()
+    r.params.update({"TimeZone": "UTC"})
+    client = ClientParams({"TimeZone": "UTC"})
+    assert r.covers(client)
+    r.frontend = FrontendLedger()
+    r.client_params = client
+    drain(r, SET + msg(b"S", b"TimeZone\x00Asia/Tokyo\x00") + READY_I)
+    assert client == {"TimeZone": "Asia/Tokyo"}
+    other = reader()
+    other.params.update({"TimeZone": "UTC"})
+    assert other.covers(ClientParams({"TimeZone": "UTC"}))
+    assert not other.covers(client)  # its old key, remembered there, no longer answers
 
 
 def test_an_error_is_counted_and_ends_a_copy_in() -> None:
