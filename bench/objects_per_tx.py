@@ -20,8 +20,8 @@ objects each transaction touches:
   warmer), and made during the run (requests queued, a session record);
 - beside the same count for bench/pool_floor.py's pooling over the same fakes.
 
-Strings, bytes, numbers and enum members are not counted, nor the transports (both poolers
-have them). `--types` lists the objects by type and attribute. `--set` overrides a
+Strings, bytes, numbers, frozensets and enum members are not counted, nor the transports
+(both poolers have them). `--types` lists the objects by type and attribute. `--set` overrides a
 [pgbouncer] key, as in path_cpu.py (`--set max_prepared_statements=0`).
 """
 
@@ -43,6 +43,10 @@ import pool_floor  # noqa: E402
 from pypool import compiled  # noqa: E402
 
 CONTAINERS = (dict, list, set, frozenset, collections.deque, bytearray)
+# Counted when read from an attribute: by exact type (`isinstance` would ask a hooked object
+# for its __class__ and count it as touched). Not frozensets: pypool's are constants or keys
+# compared by identity.
+COUNTED = {dict, list, set, collections.deque, bytearray, collections.OrderedDict}
 LEAVES = (str, bytes, int, float, bool, type(None), enum.Enum, type, type(sys))
 
 # While a transaction runs: the objects it touched, by id (kept, so no id is reused), and
@@ -60,9 +64,9 @@ def hook(cls: type) -> None:
 
     def __getattribute__(self: Any, attr: str) -> Any:
         value = get(self, attr)
-        if recording:
+        if recording and attr != "__class__":
             touched[id(self)] = (self, type(self).__name__)
-            if isinstance(value, CONTAINERS):
+            if type(value) in COUNTED:
                 touched[id(value)] = (value, f"{type(self).__name__}.{attr}")
         return value
 
