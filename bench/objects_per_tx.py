@@ -145,25 +145,24 @@ def count(servers: list[Any], request: bytes, reply: bytes, connections: set[int
     global recording
     kinds: collections.Counter[str] = collections.Counter()
     names: collections.Counter[str] = collections.Counter()
-    done = 0
-    while done < transactions:
-        for server in servers:
-            client = server.client
-            if client is None:
-                continue
-            touched.clear()
-            recording = True
-            server.data_received(reply)  # its replies; the server goes to the next
-            client.data_received(request)  # and it sends its next transaction
-            recording = False
-            for key, (_, name) in touched.items():
-                kind = ("connection" if key in connections else
-                        "shared" if key in shared else "made in the run")
-                kinds[kind] += 1
-                names[f"{kind}: {name}"] += 1
-            done += 1
-    means = {kind: n / done for kind, n in kinds.items()}
-    means["all"] = sum(kinds.values()) / done
+
+    def tally() -> None:  # after each transaction
+        for key, (_, name) in touched.items():
+            kind = ("connection" if key in connections else
+                    "shared" if key in shared else "made in the run")
+            kinds[kind] += 1
+            names[f"{kind}: {name}"] += 1
+        touched.clear()
+
+    run = path_cpu._serving(servers, request, reply, after=tally)
+    touched.clear()
+    recording = True
+    try:
+        run(transactions)
+    finally:
+        recording = False
+    means = {kind: n / transactions for kind, n in kinds.items()}
+    means["all"] = sum(kinds.values()) / transactions
     return means, names
 
 

@@ -146,10 +146,13 @@ def pooler_serving(mode: str, keys: dict[str, Any]) -> tuple[Any, list[Any]]:
     return fake, servers
 
 
-def _serving(servers: list[Any], request: bytes, reply: bytes) -> Any:
+def _serving(servers: list[Any], request: bytes, reply: bytes,
+             after: Callable[[], None] | None = None) -> Any:
     """`run(count)`: `count` transactions, each linked server in turn answering its client,
-    which goes to the next in line, and that client sending its next transaction."""
-    evict = EVICT
+    which goes to the next in line, and that client sending its next transaction; `after`
+    (else `--cold`'s eviction, if any) is called after each (objects_per_tx.py counts
+    there)."""
+    evict = after if after is not None else EVICT
 
     def run(count: int) -> None:
         done = 0
