@@ -83,7 +83,8 @@ def covers(current: dict[str, str], wanted: dict[str, str]) -> bool:
     """Whether a server's `current` parameters already have every value a client `wanted`
     (`wanted.items() <= current.items()`, written as the loop mypyc compiles to C: no
     (name, value) tuple is made per item, one lookup per name, and the same string object
-    on both sides is equal without comparing; once per link on the hot path)."""
+    on both sides is equal without comparing). At a link it runs only when the server has
+    not yet covered these values (core/replies.py `ReplyReader.covers`)."""
     for name, value in wanted.items():
         have = current.get(name)
         if have is not value and have != value:
