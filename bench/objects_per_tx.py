@@ -53,6 +53,16 @@ LEAVES = (str, bytes, int, float, bool, type(None), enum.Enum, type, type(sys))
 # for each, what it is ("ClientConnection", "ReplyReader.out", ...).
 touched: dict[int, tuple[object, str]] = {}
 recording = False
+# With --where: for each object's name, the code lines that touched it, and the attribute.
+where: collections.Counter[tuple[str, str]] = collections.Counter()
+WHERE = False
+
+
+def _note(name: str, attr: str) -> None:
+    frame = sys._getframe(2)
+    code = frame.f_code
+    where[(name, f"{os.path.basename(code.co_filename)}:{frame.f_lineno} "
+                 f"{code.co_name} .{attr}")] += 1
 
 
 def hook(cls: type) -> None:
@@ -65,13 +75,19 @@ def hook(cls: type) -> None:
     def __getattribute__(self: Any, attr: str) -> Any:
         value = get(self, attr)
         if recording and attr != "__class__":
+            if WHERE:
+                _note(type(self).__name__, attr)
             touched[id(self)] = (self, type(self).__name__)
             if type(value) in COUNTED:
+                if WHERE:
+                    _note(f"{type(self).__name__}.{attr}", attr)
                 touched[id(value)] = (value, f"{type(self).__name__}.{attr}")
         return value
 
     def __setattr__(self: Any, attr: str, value: Any) -> None:
         if recording:
+            if WHERE:
+                _note(type(self).__name__, attr + " =")
             touched[id(self)] = (self, type(self).__name__)
         put(self, attr, value)
 
@@ -172,7 +188,12 @@ def main() -> None:
     parser.add_argument("--transactions", type=int, default=2000)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--types", action="store_true", help="list the objects by type")
+    parser.add_argument("--where", metavar="TYPE",
+                        help="the code lines that touch objects of TYPE (a name as --types "
+                             "prints it, ClientStatements or Pool.login), per transaction")
     args = parser.parse_args()
+    global WHERE
+    WHERE = bool(args.where)
     keys: dict[str, Any] = {}
     for item in args.set:
         key, _, value = item.partition("=")
@@ -198,6 +219,7 @@ def main() -> None:
                                      args.transactions)
     finally:
         fake.close()
+    pypool_where = dict(where)
 
     for cls in (pool_floor.Pool, pool_floor.Server, pool_floor.Client):
         hook(cls)
@@ -218,6 +240,11 @@ def main() -> None:
     for label, means in (("pypool", pypool), ("pooling floor", floor)):
         print(f"  {label:20s} {means['all']:6.1f} {means.get('connection', 0):11.1f} "
               f"{means.get('shared', 0):7.1f} {means.get('made in the run', 0):5.1f}")
+    if args.where:
+        print(f"\npypool, lines touching {args.where}, per transaction:")
+        for (name, line), n in sorted(pypool_where.items(), key=lambda item: item[0][1]):
+            if name == args.where:
+                print(f"  {n / args.transactions:5.2f}  {line}")
     if args.types:
         for label, names, n in (("pypool", pypool_names, args.transactions),
                                 ("pooling floor", floor_names, args.transactions)):

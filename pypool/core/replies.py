@@ -231,7 +231,7 @@ class ReplyReader:
         rq = self.requests
         if rq.to_client:
             self.out.append(b"".join(rq.to_client))
-            rq.to_client.clear()
+            rq.to_client = None
         if self._partial:
             data = self._partial + data if data else self._partial
             self._partial = b""
@@ -295,7 +295,7 @@ class ReplyReader:
             return -1
         if rq.to_client:
             out.append(b"".join(rq.to_client))
-            rq.to_client.clear()
+            rq.to_client = None
         return end
 
     def _ready_for_query(self, data: bytes, pos: int, end: int, sent: int) -> int:

@@ -157,8 +157,9 @@ class Link:
                 elif kind == ord("E"):
                     raw = rq.renamed_error(body) or raw
                 self.to_client += raw
-            self.to_client += b"".join(rq.to_client)
-            rq.to_client.clear()
+            if rq.to_client:
+                self.to_client += b"".join(rq.to_client)
+                rq.to_client = None
 
     def take(self) -> tuple[bytes, bytes]:
         out = (self.to_server, self.to_client)
@@ -955,7 +956,7 @@ def whole_state(st: ServerStatements) -> tuple[object, ...]:
     """`state`, and what the unnamed statement and the open segment leave for the next."""
     rq = st.requests
     return (state(st), st.unnamed_neutral, st.unnamed_touches, st.open_neutral,
-            st.open_touches, rq.open_fine, dict(rq.undoable), rq.discarding)
+            st.open_touches, rq.open_fine, dict(rq.undoable or {}), rq.discarding)
 
 
 @pytest.mark.parametrize("sql", [SQL, b"  (select 1)", b"UPDATE t SET x = 1", b"BEGIN"])

@@ -79,13 +79,15 @@ class RequestQueue:
         # than forwarding; if not, its Sync stands in for all of them (`fold`).
         self.open_fine = False
         self.open_count = 0  # requests queued since the last Sync
-        self.open_renames: list[tuple[Statement, bytes]] = []  # their statement names
+        # Their statement names. This and the two containers below are None while empty:
+        # a transaction that needs none of them (the common one) does not read them.
+        self.open_renames: list[tuple[Statement, bytes]] | None = None
         self.blocked = False  # a WAIT was returned; the client waits for the queue to move
         # Requests whose effect an error may still undo, by segment: while an earlier
         # segment has some, a statement name is not looked up (WAIT), since its answer may
         # change. (Within one segment an error skips the rest anyway.)
-        self.undoable: dict[int, int] = {}
-        self.to_client: list[bytes] = []  # synthesised replies ready to go out
+        self.undoable: dict[int, int] | None = None
+        self.to_client: list[bytes] | None = None  # synthesised replies ready to go out
         self.replacement = b""  # the message to send for a REPLACE verdict
         self.links = 0  # clients linked so far: the statement cache's epoch (cache.py)
 
@@ -101,18 +103,31 @@ class RequestQueue:
         op = request.op
         if op:
             if op in UNDOABLE:
-                segment = request.segment
-                self.undoable[segment] = self.undoable.get(segment, 0) + 1
+                self.may_undo(request.segment)
             if op != Op.NAMED:
                 self.open_fine = True
             elif wait < Wait.SYNC:
                 stmt, name = request.stmt, request.name
                 assert stmt is not None and name is not None
-                self.open_renames.append((stmt, name))
+                self.rename(stmt, name)
         if request.swallow or wait == Wait.SYNTHETIC or wait >= Wait.SYNC:
             self.open_fine = True
         if len(queue) == 1:
             self.retrack()
+
+    def may_undo(self, segment: int) -> None:
+        """A request queued in `segment` has an effect an error may still undo."""
+        undoable = self.undoable
+        if undoable is None:
+            undoable = self.undoable = {}
+        undoable[segment] = undoable.get(segment, 0) + 1
+
+    def rename(self, stmt: Statement, name: bytes) -> None:
+        """A request of the open segment names `stmt`, the client's `name`."""
+        if self.open_renames is None:
+            self.open_renames = [(stmt, name)]
+        else:
+            self.open_renames.append((stmt, name))
 
     def must_wait(self) -> bool:
         """Whether a request in an earlier segment may still be undone (see `undoable`)."""
@@ -157,13 +172,13 @@ class RequestQueue:
         queue = self.queue
         count = min(self.open_count, len(queue))
         renames = self.open_renames
-        if len(renames) > 1 and _ambiguous(renames):
+        if renames is not None and len(renames) > 1 and _ambiguous(renames):
             return None
         if count:
             for _ in range(count):
                 queue.pop()
             if renames:
-                self.open_renames = []
+                self.open_renames = None
                 return Request(Wait.SYNC, False, Op.RENAME, None, None, self.segment, renames)
         return PLAIN_SYNC
 
@@ -174,7 +189,7 @@ class RequestQueue:
         self.segment += 1
         self.open_fine = False
         self.open_count = 0
-        self.open_renames.clear()
+        self.open_renames = None
         self.retrack()
 
     # --- server replies -------------------------------------------------------------------
@@ -307,6 +322,8 @@ class RequestQueue:
     def _advance(self) -> None:
         queue = self.queue
         if queue and queue[0].wait == Wait.SYNTHETIC:
+            if self.to_client is None:
+                self.to_client = []
             self.to_client.append(self.emit_synthetic())
         else:
             self.retrack()
@@ -345,12 +362,16 @@ class RequestQueue:
         """A request completed (ok) or was skipped after an error: its undo is no longer
         pending, and the owner applies or undoes its operation."""
         if request.op in UNDOABLE:
+            undoable = self.undoable
+            assert undoable is not None
             segment = request.segment
-            left = self.undoable[segment] - 1
+            left = undoable[segment] - 1
             if left:
-                self.undoable[segment] = left
+                undoable[segment] = left
+            elif len(undoable) > 1:
+                del undoable[segment]
             else:
-                del self.undoable[segment]
+                self.undoable = None
         self.owner.settled(request, ok)
 
     # --- the link ends ----------------------------------------------------------------------
@@ -360,16 +381,15 @@ class RequestQueue:
         self.discarding = False
         self.blocked = False
         self.readies_queued = self.readies_done = 0
-        self.undoable.clear()
-        self.to_client.clear()
+        self.undoable = None
+        self.to_client = None
 
     def attach(self) -> None:
         """A client is linked: no segment of its is open yet."""
         self.links += 1
         self.open_fine = False
-        if self.open_count:  # renames are listed only with requests counted there
-            self.open_count = 0
-            self.open_renames.clear()
+        self.open_count = 0
+        self.open_renames = None
 
     def close(self) -> list[Statement]:
         """The server is gone: empty the queue. Returns the statements whose reference a

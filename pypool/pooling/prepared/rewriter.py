@@ -411,7 +411,7 @@ class ServerStatements:
             self.open_touches = False
             segment = requests.segment
             request = Request(Wait.SYNC, False, Op.DISTRUST, None, None, segment)
-            requests.undoable[segment] = requests.undoable.get(segment, 0) + 1
+            requests.may_undo(segment)
         else:
             request = requests.fold()
             if request is None:  # not folded: one statement under two names
@@ -526,7 +526,7 @@ class ServerStatements:
         queue = requests.queue
         queue.append(Request(Wait.BIND, False, Op.NAMED, stmt, name))  # push, inlined
         requests.open_count += 1
-        requests.open_renames.append((stmt, name))
+        requests.rename(stmt, name)
         if len(queue) == 1:
             requests.tracking = Tracking.EACH
         return out + _renamed_bind(data, pos, portal_end, name_end, end, stmt)
