@@ -238,8 +238,7 @@ def sent(client: ClientRecord, server: ServerRecord,
 
 def guarded(client: ClientRecord) -> bool:
     """Whether `client` is in a line with a guard: it holds what it sends next itself."""
-    st = client.statements
-    return st is not None and st.guard is not None
+    return client.guard is not None
 
 
 def follow(server: ServerRecord, client: ClientRecord) -> bytes:
@@ -258,11 +257,9 @@ def follow(server: ServerRecord, client: ClientRecord) -> bytes:
         return b""
     if not wait_timeout:
         return outbox.take_outbox(client, server)
-    st = client.statements
-    assert st is not None
     due = client.wait_start + wait_timeout
     guard = Guard(client, due, time.time() + (due - pooler.now()), guard_verdict)
-    st.guard = guard
+    client.guard = guard
     # Until its transaction has started, what it sends waits: were it refused, nothing more
     # of it may run.
     link_ends.hold(client)
@@ -288,8 +285,7 @@ def guard_verdict(guard: Guard) -> None:
 def _send_on(client: ClientRecord, guard: Guard) -> None:
     """After a PASSED guard: the client, still the last in its line, sends on."""
     server = client.server
-    st = client.statements
-    if (server is None or st is None or st.guard is not guard
+    if (server is None or client.guard is not guard
             or client.state is ClientState.CLOSED or not client.reader.blocked):
         return  # released already (and sending on), or gone
     last = server.chain[-1] if server.chain else server.client
@@ -301,8 +297,7 @@ def skipped_in_line(client: ClientRecord) -> bool:
     """Whether the guard of linked `client` failed (or an error came before it): all the
     server still owes it is the ReadyForQuery of the segment it skips, so a client that
     leaves now (refused) keeps its place until then, and the server serves on."""
-    st = client.statements
-    guard = st.guard if st is not None else None
+    guard = client.guard
     return guard is not None and (guard.state == FAILED or guard.state == SKIPPED)
 
 
@@ -321,8 +316,7 @@ def refuse_overdue(pooler: PoolerPort, server: ServerRecord, now: float) -> None
     sent is left unread (see the module docstring)."""
     unread: bool | None = None
     for client in list(server.chain):
-        st = client.statements
-        guard = st.guard if st is not None else None
+        guard = client.guard
         if (guard is None or guard.state != PENDING or guard.refused
                 or client.state is ClientState.CLOSED or now < guard.due + GUARD_MARGIN):
             continue

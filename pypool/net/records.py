@@ -54,6 +54,7 @@ from .flow_control import ReadingSwitch
 if TYPE_CHECKING:
     from ..auth.server_credentials import ServerCredentials
     from ..pooling import session_state as ss
+    from ..pooling.pipeline_guard import Guard
     from ..pooling.pool import Pool
     from ..pooling.prepared import Registry
     from ..protocol.errors import PoolerError
@@ -289,6 +290,10 @@ class ClientRecord(ReadingSwitch):
         # Prepared-statement rewriting (None when off: session mode, max_prepared_statements
         # = 0, the admin console).
         self.statements: prepared.ClientStatements | None = None
+        # The query_wait_timeout guard of its transaction while it is queued on a busy
+        # server's line (pooling/pipeline_guard.py, net/pipeline.py); None once that server
+        # is released.
+        self.guard: Guard | None = None
         # The session state that follows or pins it (transaction mode, session_state =
         # follow; pooling/session_state.py). Made when first needed (`session_record` below):
         # None until then, and always when it is not looked at. 10,000 idle

@@ -206,9 +206,8 @@ def release(pooler: Pooler, client: ClientRecord, now: float = 0.0,
     if pooler.txlog is not None:
         pooler.txlog.released(client, server, now)
     link_ends.unlink(client, server)
-    st = client.statements
-    if st is not None and st.guard is not None:
-        st.guard = None  # its line is over (net/pipeline.py)
+    if client.guard is not None:
+        client.guard = None  # its line is over (net/pipeline.py)
     if server._reading_paused:
         server.resume_reading()
     if client.state is ClientState.CLOSED:  # it left while queued in a pipeline

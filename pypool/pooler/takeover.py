@@ -322,7 +322,7 @@ def _passable(client: ClientRecord) -> bool:
         # Its channels live in this process's listening connection (listen_mode = shared),
         # as a pinned listener's in its server: it stays, as that one does.
         and (client.session is None or not client.session.listening)
-        and (client.statements is None or client.statements.guard is None)
+        and client.guard is None
     )
 
 

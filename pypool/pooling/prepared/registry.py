@@ -10,10 +10,7 @@ to Statements, and its SQL-level PREPAREs. Nothing here touches a socket.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Final
-
-if TYPE_CHECKING:
-    from ..pipeline_guard import Guard
+from typing import Any, Final
 
 PREFIX: Final = b"PYPOOL_"
 # A name no server ever has (the registry counts from 1): what the pooler sends when it needs
@@ -129,17 +126,13 @@ class Registry:
 class ClientStatements:
     """One client's prepared statements, as the client names them."""
 
-    __slots__ = ("names", "sql", "registry", "cap", "guard")
+    __slots__ = ("names", "sql", "registry", "cap")
 
     def __init__(self, registry: Registry, cap: int) -> None:
         self.names: dict[bytes, Statement] = {}  # protocol-level: client name -> Statement
         self.sql: dict[bytes, bytes] = {}  # SQL-level: folded name -> its PREPARE query text
         self.registry = registry
         self.cap = cap  # max_client_prepared_statements; 0 means no cap
-        # The query_wait_timeout guard of its transaction while it is queued on a busy
-        # server's line (pooling/pipeline_guard.py, net/pipeline.py); None once that server
-        # is released.
-        self.guard: Guard | None = None
 
     def __len__(self) -> int:
         return len(self.names) + len(self.sql)
