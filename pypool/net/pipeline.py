@@ -113,12 +113,12 @@ def extend(pooler: PoolerPort, server: ServerRecord, data: bytes = b"") -> None:
     requests go out in one write, after `data` (what the caller was about to send)."""
     pool = server.pool
     depth = pooler.pipeline_depth if may_serve_on(pooler, server) else 0
-    chain = server.chain
     out = [data]
     wait_timeout = pool.limits.query_wait_timeout
     now = pooler.now() if wait_timeout else 0.0
     # Only while the pool may not open another server: until then, a new one serves sooner.
-    while len(chain) < depth and not pool.paused and pool.server_count >= pool.limits.pool_size:
+    while (len(server.chain) < depth and not pool.paused
+           and pool.server_count >= pool.limits.pool_size):
         if not pool.waiting:
             # Room left: a client that needs a server later may join this line.
             if not server.open_line:
@@ -246,7 +246,7 @@ def follow(server: ServerRecord, client: ClientRecord) -> bytes:
     for that server, is returned to be sent."""
     last = server.chain[-1] if server.chain else server.client
     assert last is not None
-    server.chain.append(client)
+    server.chain = (*server.chain, client)
     # What `last` sends from now on waits for a server of its own.
     link_ends.line_up(last, client, server)
     actions = client.on_link(LinkEvent.LINED_UP)
@@ -344,7 +344,8 @@ def replies_unread(server: ServerRecord) -> bool:
 
 def hand_on(pooler: PoolerPort, server: ServerRecord, now: float) -> None:
     """The head of the line is done: the next client in it is linked from now on."""
-    client = server.chain.popleft()
+    client = server.chain[0]
+    server.chain = server.chain[1:]
     link_ends.take_turn(server, client)
     client.on_link(LinkEvent.TURN)
     pool = server.pool

@@ -34,7 +34,6 @@ compiled module may not have one); a call that only the console or the start-up 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -387,8 +386,10 @@ class ServerRecord(ReadingSwitch):
         # any is, the server is handed to no one (Pool.being_canceled).
         self.cancels_in_flight = 0
         # Clients whose transactions are queued on this server behind the linked client's,
-        # in order (net/pipeline.py); their replies follow its ReadyForQuery.
-        self.chain: deque[ClientRecord] = deque()
+        # in order (net/pipeline.py); their replies follow its ReadyForQuery. A tuple, replaced
+        # when the line changes (it is at most pipeline_depth long): every release asks
+        # whether it is empty, and the empty tuple is one object shared by all servers.
+        self.chain: tuple[ClientRecord, ...] = ()
         self.open_line = False  # listed in its pool's open_lines
         # Prepared statements on this server and the requests its replies answer.
         self.statements = prepared.ServerStatements(

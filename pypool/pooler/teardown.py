@@ -59,7 +59,7 @@ def server_closed(pooler: Pooler, server: ServerRecord, reason: str) -> None:
         server.backend.checking = False
         linking.check_failed(pooler, server, server.client, reason)
     line = link_ends.unlink_line(server)
-    server.chain.clear()
+    server.chain = ()
     for client in line:
         link_ends.lose_server(client)
         pool.stats.count_error("server_conn_crashed")
