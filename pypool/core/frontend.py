@@ -100,7 +100,9 @@ class RequestReader:
         self.admin = False  # the admin console: simple Queries only
         self.blocked = False  # a rewriting WAIT: see the module docstring
         self.held = b""
-        self.partial = bytearray()  # an incomplete message (or, while blocked, all input)
+        # An incomplete message (or, while blocked, all input); None while there is none, so
+        # that a read, which asks, fetches nothing more (`keep` adds to it).
+        self.partial: bytearray | None = None
         self.need = 0  # size `partial` must reach before it holds a whole message
         self.skip = 0  # bytes of a message body still to pass through unread
         self.drop = 0  # bytes still to drop of a message the ledger said to drop
@@ -126,10 +128,17 @@ class RequestReader:
         """Nothing half-read and nothing waiting: the next byte starts a message."""
         return not self.blocked and not self.partial and not self.skip
 
+    def keep(self, data: bytes) -> None:
+        """`data` waits in `partial`, after what is there already."""
+        if self.partial is None:
+            self.partial = bytearray(data)
+        else:
+            self.partial += data
+
     def take_partial(self) -> bytes:
         """What waited in `partial` (during a login step, a WAIT or a SET), to feed again."""
-        rest = bytes(self.partial)
-        self.partial.clear()
+        rest = bytes(self.partial) if self.partial is not None else b""
+        self.partial = None
         self.need = 0
         return rest
 
@@ -236,17 +245,17 @@ class RequestReader:
         self.began = False
         self.segment_end = 0
         if self.blocked:
-            self.partial += data
+            self.keep(data)
             return b"", -1
-        if self.partial:
+        partial = self.partial
+        if partial is not None:
             # An incomplete message waits for its end: gather the pieces, and walk them
             # only once it is whole (a 64 MiB Bind arrives in thousands of reads).
-            partial = self.partial
             partial += data
             if len(partial) < self.need:
                 return b"", -1
             data = bytes(partial)
-            partial.clear()
+            self.partial = None
             self.need = 0
         if self.drop:
             if len(data) <= self.drop:
@@ -377,7 +386,7 @@ class RequestReader:
         if pos > n:
             self.skip = pos - n
         elif pos < n:
-            self.partial[:] = memoryview(data)[pos:]
+            self.partial = bytearray(memoryview(data)[pos:])
             # The whole message's size once its header is here (else its header's); a
             # large Query's start first, which may be enough (`_streams`).
             need = be32(data, pos + 1) + 1 if n - pos >= 5 else 5

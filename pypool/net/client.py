@@ -123,7 +123,7 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
             elif self.state is ClientState.WELCOME:
                 # Nothing is expected before ReadyForQuery; keep it for later, up to a
                 # point (a login can wait long for its pool's first server).
-                self.reader.partial += data
+                self.reader.keep(data)
                 outbox.hold_back(self)
         except PoolerError as exc:
             self.fail(exc)

@@ -274,7 +274,7 @@ class ClientLogin(ClientLoginSteps):
                 final, self._final = self._final, b""
                 client.write(final)
         if client.state is not ClientState.AUTH and done.rest:
-            client.reader.partial += done.rest
+            client.reader.keep(done.rest)
 
     def authenticated(self, scram_client_key: bytes | None) -> None:
         """The password checked out. AuthenticationOk waits for the welcome, so that an

@@ -116,7 +116,8 @@ def resume_rewriting(client: ClientRecord) -> None:
 def hold_back(client: ClientRecord) -> None:
     """The client's bytes wait unread (its reader is blocked, or its login is not over):
     past the high-water mark, stop reading it until `carry_on`."""
-    if len(client.reader.partial) > OUTBOX_HIGH_WATER:
+    partial = client.reader.partial
+    if partial is not None and len(partial) > OUTBOX_HIGH_WATER:
         client.pause_reading()
 
 

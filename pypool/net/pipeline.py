@@ -306,7 +306,7 @@ def refuse(client: ClientRecord) -> None:
     pool = client.pool
     assert pool is not None
     pool.stats.count_error("query_wait_timeout")
-    client.reader.partial.clear()  # sent after its guarded transaction: must never run
+    client.reader.take_partial()  # sent after its guarded transaction: must never run
     client.fail(PoolerError("query_wait_timeout"))
 
 

@@ -212,8 +212,7 @@ def server_logged_in(pooler: Pooler, server: ServerRecord) -> None:
     client.on_link(LinkEvent.LINKED, now)
     client.link_time = now
     pool.stats.server_assignment_count += 1
-    held = bytes(client.reader.partial)
-    client.reader.partial.clear()
+    held = client.reader.take_partial()
     pipe = ReplicationPipe(client, server, pool.stats,
                            lambda joined, side, exc: _pipe_lost(pooler, joined, side))
     state.pipes[client] = state.pipes[server] = pipe
