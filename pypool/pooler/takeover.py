@@ -382,7 +382,7 @@ def describe(client: ClientRecord) -> dict[str, Any]:
         state["statements"] = [[_b64(name), _b64(stmt.key)]
                                for name, stmt in statements.names.items()]
         state["sql_statements"] = [[_b64(name), _b64(text)]
-                                   for name, text in statements.sql.items()]
+                                   for name, text in (statements.sql or {}).items()]
     session = client.session
     if session is not None:
         state["sets"] = [[_b64(name), _b64(statement)]
@@ -571,7 +571,7 @@ def _restore(pooler: Pooler, client: ClientRecord, state: dict[str, Any]) -> Non
             for name, body in state.get("statements", []):
                 statements.names[_unb64(name)] = statements.registry.acquire(_unb64(body))
             for name, text in state.get("sql_statements", []):
-                statements.sql[_unb64(name)] = _unb64(text)
+                statements.add_sql(_unb64(name), _unb64(text))
         sets = state.get("sets", [])
         session = client.session_record() if sets else None
         if session is not None:

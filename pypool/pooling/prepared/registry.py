@@ -130,12 +130,30 @@ class ClientStatements:
 
     def __init__(self, registry: Registry, cap: int) -> None:
         self.names: dict[bytes, Statement] = {}  # protocol-level: client name -> Statement
-        self.sql: dict[bytes, bytes] = {}  # SQL-level: folded name -> its PREPARE query text
+        # SQL-level: folded name -> its PREPARE query text. None until it has one: every link
+        # asks whether it has any (ServerStatements.attach), and most clients never do.
+        self.sql: dict[bytes, bytes] | None = None
         self.registry = registry
         self.cap = cap  # max_client_prepared_statements; 0 means no cap
 
     def __len__(self) -> int:
-        return len(self.names) + len(self.sql)
+        return len(self.names) + (len(self.sql) if self.sql else 0)
+
+    def has_sql(self, name: bytes) -> bool:
+        """Whether it has an SQL-level statement `name`."""
+        return self.sql is not None and name in self.sql
+
+    def add_sql(self, name: bytes, text: bytes) -> None:
+        """Its PREPARE of `name` as `text` succeeded."""
+        if self.sql is None:
+            self.sql = {name: text}
+        else:
+            self.sql[name] = text
+
+    def drop_sql(self, name: bytes) -> None:
+        """Its SQL-level statement `name` is gone, if it had one."""
+        if self.sql is not None:
+            self.sql.pop(name, None)
 
     def close(self) -> None:
         """The client is gone: give back its references."""
@@ -143,7 +161,7 @@ class ClientStatements:
         for stmt in self.names.values():
             release(stmt)
         self.names.clear()
-        self.sql.clear()
+        self.sql = None
 
 
 def totals(clients: Any, servers: Any) -> dict[str, int]:

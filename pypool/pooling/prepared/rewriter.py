@@ -446,7 +446,7 @@ class ServerStatements:
         existing = client.names.get(name)
         if existing is not None:
             return self._duplicate_parse(name, key, existing)
-        if name in client.sql:
+        if client.has_sql(name):
             requests.push(PLAIN_PARSE)  # the server has it under this name: 42P05 there
             return None
         if client.cap and len(client) >= client.cap:
@@ -511,7 +511,7 @@ class ServerStatements:
         stmt = client.names.get(name)
         if stmt is None:
             self.open_neutral = False
-            if name in client.sql:
+            if client.has_sql(name):
                 requests.push(PLAIN_BIND)
                 return None
             return self._fail(errors.INVALID_SQL_STATEMENT_NAME,
@@ -543,7 +543,7 @@ class ServerStatements:
         assert client is not None
         stmt = client.names.get(name)
         if stmt is None:
-            if name in client.sql:
+            if client.has_sql(name):
                 requests.push(PLAIN_DESCRIBE)
                 return None
             return self._fail(errors.INVALID_SQL_STATEMENT_NAME,

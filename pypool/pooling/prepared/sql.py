@@ -121,11 +121,12 @@ class SqlNames:
     def attach(self, client: ClientStatements) -> bytes:
         """A client is linked: the hidden queries that give this server the client's SQL-level
         statements (their replies are swallowed), and drop others' beyond the cap."""
-        if not client.sql:
+        sql = client.sql
+        if not sql:
             return b""
         names = self.names
         out = []
-        for name, text in client.sql.items():
+        for name, text in sql.items():
             have = names.get(name)
             if have == text:
                 names.move_to_end(name)
@@ -133,9 +134,9 @@ class SqlNames:
             if have is not None:
                 out.append(self._drop(name))
             out.append(self._hidden(text, name, text))
-        while len(names) > max(self.cache.cap, len(client.sql)):
+        while len(names) > max(self.cache.cap, len(sql)):
             name = next(iter(names))
-            if name in client.sql:
+            if name in sql:
                 names.move_to_end(name)
                 continue
             out.append(self._drop(name))
@@ -168,12 +169,12 @@ class SqlNames:
         message: bytes | None = None
         request = PLAIN_QUERY
         if command.verb == b"prepare":
-            if name not in client.sql and name in self.names:
+            if not client.has_sql(name) and name in self.names:
                 out = self._drop(name)
             request = Request(Wait.READY, False, Op.SQL, None, name, requests.segment, command)
         elif command.verb == b"discard" or not name:
             pass  # DISCARD ..., DEALLOCATE ALL: the CommandComplete tag tells what happened
-        elif name in client.sql:
+        elif client.has_sql(name):
             if command.verb == b"deallocate":
                 request = Request(Wait.READY, False, Op.SQL, None, name, requests.segment,
                                   command)
@@ -229,7 +230,7 @@ class SqlNames:
         out = b""
         if command is not None and command.verb == b"prepare":
             name = command.name
-            if name not in client.sql and name in self.names:
+            if not client.has_sql(name) and name in self.names:
                 out = self._drop(name)
         requests.push(Request(Wait.READY, False, Op.DISTRUST, None, None, requests.segment))
         requests.segment += 1
@@ -270,9 +271,9 @@ class SqlNames:
     def forget_name(self, client: ClientStatements, name: bytes) -> bool:
         """The client's Close of a statement by `name`: whether it is one of its SQL-level
         ones (then forgotten here and in the client's map, and the Close sent on)."""
-        if name not in client.sql:
+        if not client.has_sql(name):
             return False
-        del client.sql[name]
+        client.drop_sql(name)
         self.names.pop(name, None)
         return True
 
@@ -304,13 +305,13 @@ class SqlNames:
                 self.names[name] = UNSURE
             return True
         if command.verb == b"prepare":
-            client.sql[name] = command.text
+            client.add_sql(name, command.text)
             self.names[name] = command.text
         elif command.stmt is not None:  # DEALLOCATE of a protocol-level statement
             self.cache.forget_client(client, name, command.stmt)
             self.cache.forget_statement(command.stmt)
         else:
-            client.sql.pop(name, None)
+            client.drop_sql(name)
             self.names.pop(name, None)
         return False
 
@@ -325,4 +326,4 @@ class SqlNames:
         client's."""
         self.names.clear()
         if client is not None:
-            client.sql.clear()
+            client.sql = None
