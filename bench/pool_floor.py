@@ -28,7 +28,9 @@ entry) and a file holding the role's password.
 gives every client and every server N objects of their own, of assorted sizes, and reads and
 writes each of them on each of the connection's reads: what touching N more objects of a
 connection per read costs a pooler whose objects are out of the caches between its reads
-(bench/README.md, "At a fixed rate").
+(bench/README.md, "At a fixed rate"). `POOL_FLOOR_SHARED=N` gives the pool N such objects,
+touched on every read of every connection: what objects every transaction shares (a pool's
+sets, its counters, the pooler's) cost, warmer than a connection's.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ WELCOME = b"".join([
 
 
 TOUCH = int(os.environ.get("POOL_FLOOR_TOUCH", "0"))
+SHARED = int(os.environ.get("POOL_FLOOR_SHARED", "0"))
 
 
 # Objects of seven sizes (one to seven slots), so that a connection's own objects lie in
@@ -66,9 +69,9 @@ PARTS = [type(f"Part{k}", (), {"__slots__": tuple(f"s{i}" for i in range(k))})
          for k in range(1, 8)]
 
 
-def parts() -> list[object]:
+def parts(count: int = TOUCH) -> list[object]:
     own = []
-    for n in range(TOUCH):
+    for n in range(count):
         part = PARTS[n % len(PARTS)]()
         part.s0 = 0  # type: ignore[attr-defined]
         own.append(part)
@@ -84,6 +87,7 @@ class Pool:
     def __init__(self) -> None:
         self.idle: list[Server] = []
         self.waiting: collections.deque[Client] = collections.deque()
+        self.own: list[object] = parts(SHARED)
 
 
 class Server(asyncio.Protocol):
@@ -103,6 +107,8 @@ class Server(asyncio.Protocol):
             return
         if TOUCH:
             touch(self.own)
+        if SHARED:
+            touch(self.pool.own)
         if client.alive:
             client.transport.write(data)
         if data.endswith(READY_IDLE):
@@ -139,6 +145,8 @@ class Client(asyncio.Protocol):
         server = self.server
         if TOUCH:
             touch(self.own)
+        if SHARED:
+            touch(self.pool.own)
         if data == TERMINATE:
             self.transport.close()  # never to a server: it stays in the pool
         elif server is not None:

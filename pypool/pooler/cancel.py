@@ -86,4 +86,5 @@ async def _send_cancel(pooler: Pooler, server: ServerRecord) -> None:
         # It may still land, on whoever has the server by then: never hand it on.
         pooler.close_server(server, "cancel request did not complete")
     elif server in server.pool.being_canceled:
+        server.pool.unpark(server)
         linking.server_available(pooler, server)

@@ -59,7 +59,8 @@ def request_server(pooler: Pooler, client: ClientRecord) -> None:
         if server is not None:
             link(pooler, client, server)
             return
-        if (pool.open_lines and pool.server_count >= pool.limits.pool_size
+        if (pooler.pipeline_depth and pool.open_lines
+                and pool.server_count >= pool.limits.pool_size
                 and pipeline.join_open_line(pooler, client)):
             return
     failing = pooler.login_failing(pool)
@@ -73,7 +74,7 @@ def request_server(pooler: Pooler, client: ClientRecord) -> None:
     client.wait_notified = False
     pool.enqueue(client)
     limits = pool.limits
-    if pool.server_count < limits.pool_size + limits.reserve_pool_size:
+    if pool.below(limits.pool_size + limits.reserve_pool_size):
         pooler.launch_servers(pool)  # else there is no room for another server anyway
 
 
@@ -89,9 +90,7 @@ def link(pooler: Pooler, client: ClientRecord, server: ServerRecord,
     if client.state is ClientState.WAITING:
         pool.stats.wait_time_us += int((now - client.wait_start) * 1e6)
         pool.stats.wait_histogram.observe(now - client.wait_start)
-    if pool.login:
-        pool.login.discard(server)  # its first client, right after its login
-    pool.active.add(server)
+    # Active already: taken from `idle`, or handed on by server_available.
     link_ends.link(client, server)
     server.on(ServerEvent.LINKED)
     client.link_time = now
@@ -250,10 +249,8 @@ def server_available(pooler: Pooler, server: ServerRecord, now: float = 0.0) -> 
     (`now`: the clock, when the caller has just read it)."""
     pool = server.pool
     if server.cancels_in_flight:
-        pool.park_canceled(server)  # _send_cancel brings it back
+        pool.park_canceled(server)  # _send_cancel brings it back (Pool.unpark)
         return
-    if pool.being_canceled:
-        pool.being_canceled.discard(server)
     now = now or pooler.now()
     # server_lifetime = 0: each server serves once (PgBouncer's meaning).
     lifetime = server.pool.limits.server_lifetime

@@ -198,8 +198,7 @@ def server_logged_in(pooler: Pooler, server: ServerRecord) -> None:
     if pooler.settings.pooler.log_connections:
         log.info("%r: new server connection (%s replication)", server, kind_of(client))
     now = pooler.now()
-    pool.login.discard(server)
-    pool.active.add(server)
+    pool.logged_in(server)
     server.on(ServerEvent.FREED)
     server.on(ServerEvent.LINKED)
     server.request_time = now

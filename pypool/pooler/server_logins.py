@@ -278,6 +278,7 @@ def server_logged_in(pooler: Pooler, server: ServerRecord) -> None:
     if entry is not None and entry.connect_query:
         # Before any client: its replies are hidden, the first client's requests follow.
         hidden_queries.send_hidden_query(server, entry.connect_query)
+    pool.logged_in(server)
     linking.server_available(pooler, server)
 
 

@@ -142,6 +142,12 @@ class Pool:
     def server_count(self) -> int:
         return len(self.idle) + len(self.active) + len(self.login) + len(self.being_canceled)
 
+    def below(self, limit: int) -> bool:
+        """Whether the pool holds fewer than `limit` servers. The two places most servers are
+        in are counted first: under load that answers, and the other two are not looked at."""
+        held = len(self.active) + len(self.idle)
+        return held < limit and held + len(self.login) + len(self.being_canceled) < limit
+
     def take_idle(self) -> Any | None:
         """The most recently released idle server (or the server policy's choice), moved to
         active; None if there is none."""
@@ -153,15 +159,25 @@ class Pool:
         return server
 
     def put_idle(self, server: Any) -> None:
+        """An active server has nothing to do."""
         self.active.discard(server)
-        self.login.discard(server)
-        self.being_canceled.discard(server)
         self.idle.append(server)
+
+    def logged_in(self, server: Any) -> None:
+        """Its login is over: active until it is handed to a client or put idle, at once."""
+        self.login.discard(server)
+        self.active.add(server)
 
     def park_canceled(self, server: Any) -> None:
         """A free server that a cancel in flight may still hit: out of reach until it lands."""
         self.active.discard(server)
         self.being_canceled.add(server)
+
+    def unpark(self, server: Any) -> None:
+        """The cancels aimed at a parked server landed: active until it is handed to a client
+        or put idle, at once."""
+        self.being_canceled.discard(server)
+        self.active.add(server)
 
     def forget(self, server: Any) -> None:
         """The server is closed: drop it from wherever it was."""
@@ -185,6 +201,17 @@ class Pool:
         for listed in (self.active, self.login, self.being_canceled):
             wrong.extend(server for server in listed if server.state is idle)
         return wrong
+
+    def listed_twice(self) -> list[Any]:
+        """The servers in more than one of the four places (none ever should be: each move
+        takes a server out of the place it was in). For tests and debugging."""
+        seen: set[int] = set()
+        twice = []
+        for server in (*self.idle, *self.active, *self.login, *self.being_canceled):
+            if id(server) in seen:
+                twice.append(server)
+            seen.add(id(server))
+        return twice
 
     def enqueue(self, client: Any) -> None:
         self.waiting.append(client)

@@ -49,6 +49,8 @@ def assert_idle_in_step(pooler: Any) -> None:
     why both exist): checked after every step a test takes through these fakes."""
     wrong = {pool.database: pool.idle_out_of_step() for pool in pooler.pools.values()}
     assert not any(wrong.values()), f"idle stack and ServerState disagree: {wrong}"
+    twice = {pool.database: pool.listed_twice() for pool in pooler.pools.values()}
+    assert not any(twice.values()), f"servers in two of a pool's places: {twice}"
 
 
 def split(data: bytes) -> list[tuple[str, bytes]]:

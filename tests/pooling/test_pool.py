@@ -158,11 +158,13 @@ def test_idle_servers_are_taken_last_in_first_out() -> None:
     assert pool.active == {"s1", "s2", "s3"}
 
 
-def test_put_idle_moves_out_of_login() -> None:
+def test_a_logged_in_server_moves_out_of_login() -> None:
     pool = make_pool()
     pool.login.add("s1")
+    pool.logged_in("s1")
+    assert pool.login == set() and pool.active == {"s1"}
     pool.put_idle("s1")
-    assert pool.login == set() and pool.idle == ["s1"]
+    assert pool.active == set() and pool.idle == ["s1"]
     assert pool.server_count == 1
 
 
@@ -197,22 +199,42 @@ class _Server:
 
 def test_the_idle_stack_and_server_state_agree_as_the_pooler_moves_them() -> None:
     """The pooler's moves, in its order (pooler/linking.py): FREED then put_idle, take_idle
-    then LINKED, park before FREED; after each, nothing is out of step."""
+    then LINKED, park before FREED; after each, nothing is out of step and the server is in
+    one place."""
     pool = make_pool()
     server = _Server(ServerState.LOGIN)
     pool.login.add(server)
-    assert pool.idle_out_of_step() == []
+    assert pool.idle_out_of_step() == [] and pool.server_count == 1
+    pool.logged_in(server)
     server.state = ServerState.IDLE  # FREED
     pool.put_idle(server)
-    assert pool.idle_out_of_step() == []
+    assert pool.idle_out_of_step() == [] and pool.listed_twice() == []
     assert pool.take_idle() is server
     server.state = ServerState.ACTIVE  # LINKED
-    assert pool.idle_out_of_step() == []
+    assert pool.idle_out_of_step() == [] and pool.listed_twice() == []
     pool.park_canceled(server)  # a cancel in flight: parked while still ACTIVE
-    assert pool.idle_out_of_step() == []
-    server.state = ServerState.IDLE  # the cancel landed: FREED
+    assert pool.idle_out_of_step() == [] and pool.listed_twice() == []
+    pool.unpark(server)  # the cancel landed
+    server.state = ServerState.IDLE  # FREED
     pool.put_idle(server)
-    assert pool.idle_out_of_step() == []
+    assert pool.idle_out_of_step() == [] and pool.listed_twice() == []
+    assert pool.server_count == 1 and pool.idle == [server]
+
+
+def test_below_counts_every_place() -> None:
+    pool = make_pool()
+    for place in (pool.login, pool.active, pool.being_canceled):
+        place.add(_Server(ServerState.ACTIVE))
+    pool.idle.append(_Server(ServerState.IDLE))
+    assert pool.below(5) and not pool.below(4) and not pool.below(2)
+
+
+def test_listed_twice_names_a_server_in_two_places() -> None:
+    pool = make_pool()
+    server = _Server(ServerState.LOGIN)
+    pool.login.add(server)
+    pool.active.add(server)  # taken out of neither: the slip logged_in exists to avoid
+    assert pool.listed_twice() == [server]
 
 
 def test_idle_out_of_step_names_each_disagreement() -> None:

@@ -64,10 +64,12 @@ def test_take_idle_of_a_pool_with_only_a_parked_server() -> None:
     assert pool.server_count == 1
 
 
-def test_put_idle_brings_a_parked_server_back() -> None:
+def test_unpark_brings_a_parked_server_back() -> None:
     pool = parked_pool()
-    pool.put_idle("s1")  # the cancel has landed
-    assert pool.being_canceled == set()
+    pool.unpark("s1")  # the cancel has landed
+    assert pool.being_canceled == set() and "s1" in pool.active
+    pool.put_idle("s1")  # and nobody waits
+    assert pool.active == set()
     assert pool.idle == ["s0", "s1"]
     assert pool.server_count == 2
     assert pool.take_idle() == "s1"  # last in, first out
