@@ -78,6 +78,7 @@ from ..core.link import SEND, LinkEvent
 from ..core.states import ClientState
 from ..pooling.pipeline_guard import FAILED, PENDING, SKIPPED, Guard
 from ..pooling.session_state import sync_statements
+from ..pooling.stats import WAIT_BUCKETS, observe
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
 from . import deferred_writes, link_ends, outbox
@@ -353,7 +354,7 @@ def hand_on(pooler: PoolerPort, server: ServerRecord, now: float) -> None:
         stats = pool.stats
         waited = now - client.wait_start
         stats.wait_time_us += int(waited * 1e6)
-        stats.wait_histogram.observe(waited)
+        observe(WAIT_BUCKETS, stats.wait_counts, waited)
         stats.server_assignment_count += 1
     client.link_time = now
     client.query_start = now

@@ -423,7 +423,7 @@ class PoolerView:
         for pool in sorted(pooler.pools.values(), key=lambda p: (p.database, p.user)):
             stats = pool.stats
             counters = {name: getattr(stats, name) for name in (*st.COUNTERS, *EXTRA_COUNTERS)}
-            zero_waits = max(0, stats.server_assignment_count - stats.wait_histogram.count)
+            zero_waits = max(0, stats.server_assignment_count - sum(stats.wait_counts))
             clients: tuple[ClientInfo, ...] = ()
             servers: tuple[ServerInfo, ...] = ()
             if connections:
@@ -434,8 +434,9 @@ class PoolerView:
                 database=pool.database, user=pool.user, pool_mode=pool.limits.pool_mode,
                 pool_size=pool.limits.pool_size, counts=_counts(pool, now), counters=counters,
                 older=periods.older(pool), errors=tuple(sorted(stats.errors.items())),
-                wait_buckets=tuple(stats.wait_histogram.cumulative(zero_waits)),
-                xact_buckets=tuple(stats.xact_histogram.cumulative()),
+                wait_buckets=tuple(st.cumulative(st.WAIT_BUCKETS, stats.wait_counts,
+                                                 zero_waits)),
+                xact_buckets=tuple(st.cumulative(st.XACT_BUCKETS, stats.xact_counts)),
                 clients=clients, servers=servers,
             ))
         return found

@@ -32,6 +32,7 @@ from ..core.link import LinkEvent
 from ..core.states import ClientState, ServerEvent, ServerState
 from ..net import hidden_queries, link_ends, outbox, pipeline
 from ..pooling.session_state import sync_statements
+from ..pooling.stats import WAIT_BUCKETS, XACT_BUCKETS, observe
 from ..protocol import errors
 from ..protocol.errors import PoolerError
 from . import replication, takeover
@@ -89,7 +90,7 @@ def link(pooler: Pooler, client: ClientRecord, server: ServerRecord,
         check = ""
     if client.state is ClientState.WAITING:
         pool.stats.wait_time_us += int((now - client.wait_start) * 1e6)
-        pool.stats.wait_histogram.observe(now - client.wait_start)
+        observe(WAIT_BUCKETS, pool.stats.wait_counts, now - client.wait_start)
     # Active already: taken from `idle`, or handed on by server_available.
     link_ends.link(client, server)
     server.on(ServerEvent.LINKED)
@@ -201,7 +202,7 @@ def release(pooler: Pooler, client: ClientRecord, now: float = 0.0,
     stats.xact_count += 1
     held = now - client.link_time
     stats.xact_time_us += int(held * 1e6)
-    stats.xact_histogram.observe(held)
+    observe(XACT_BUCKETS, stats.xact_counts, held)
     if pooler.txlog is not None:
         pooler.txlog.released(client, server, now)
     link_ends.unlink(client, server)

@@ -35,7 +35,7 @@ from typing import Any
 
 from ..core.states import ServerState
 from .listening import Listening
-from .stats import WAIT_BUCKETS, XACT_BUCKETS, Histogram
+from .stats import WAIT_BUCKETS, XACT_BUCKETS, buckets
 
 
 @dataclass
@@ -89,9 +89,10 @@ class PoolStats:
     # Errors by kind: "server" (an ErrorResponse relayed), or the pooler's own message
     # ("query_wait_timeout", "server_login_failed", ...).
     errors: dict[str, int] = field(default_factory=dict)
-    # Seconds a client waited in the queue (only clients that waited), and transaction times.
-    wait_histogram: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS))
-    xact_histogram: Histogram = field(default_factory=lambda: Histogram(XACT_BUCKETS))
+    # Histograms (pooling/stats.py): seconds a client waited in the queue (only clients that
+    # waited), over WAIT_BUCKETS, and transaction times, over XACT_BUCKETS.
+    wait_counts: list[int] = field(default_factory=lambda: buckets(WAIT_BUCKETS))
+    xact_counts: list[int] = field(default_factory=lambda: buckets(XACT_BUCKETS))
 
     def count_error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1

@@ -126,42 +126,42 @@ XACT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                 5.0, 10.0, 30.0, 60.0)
 
 
-class Histogram:
-    """Counts of observations per bucket: `counts[i]` holds values in (bounds[i-1], bounds[i]],
-    the last slot is +Inf. The sum Prometheus wants is not kept here: PoolStats already adds
-    the same times up in microseconds (xact_time_us, wait_time_us)."""
+# A histogram is its bounds (one of the tuples above) and a list of counts in PoolStats:
+# `counts[i]` holds values in (bounds[i-1], bounds[i]], the last slot is +Inf. Its sum, which
+# Prometheus wants, is not kept: PoolStats adds the same times up in microseconds
+# (xact_time_us, wait_time_us). Two plain lists in the pool's counters, not two objects
+# holding them: every transaction counts in both (bench/README.md, "Shared objects").
 
-    __slots__ = ("bounds", "counts")
 
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)
+def buckets(bounds: tuple[float, ...]) -> list[int]:
+    """Empty counts for a histogram over `bounds`."""
+    return [0] * (len(bounds) + 1)
 
-    def observe(self, seconds: float) -> None:
-        # bisect_left's slot, found by a loop compiled code runs without a call: the first
-        # bound at or above `seconds` (most observations fall in the first few buckets).
-        slot = 0
-        for bound in self.bounds:
-            if seconds <= bound:
-                break
-            slot += 1
-        self.counts[slot] += 1
 
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
+def observe(bounds: tuple[float, ...], counts: list[int], seconds: float) -> None:
+    """Count `seconds` in its bucket. bisect_left's slot, found by a loop compiled code runs
+    without a call: the first bound at or above `seconds` (most observations fall in the
+    first few buckets)."""
+    slot = 0
+    for bound in bounds:
+        if seconds <= bound:
+            break
+        slot += 1
+    counts[slot] += 1
 
-    def cumulative(self, extra_zeros: int = 0) -> list[tuple[str, int]]:
-        """Prometheus buckets: (upper bound, observations <= it), ending with "+Inf".
 
-        `extra_zeros` adds that many observations of 0 (they fall in every bucket): the queue
-        wait histogram is only fed when a client actually waited, and the scrape adds the
-        assignments that did not wait.
-        """
-        buckets = []
-        running = extra_zeros
-        for bound, count in zip(self.bounds, self.counts, strict=False):
-            running += count
-            buckets.append((repr(bound), running))
-        buckets.append(("+Inf", running + self.counts[-1]))
-        return buckets
+def cumulative(bounds: tuple[float, ...], counts: list[int],
+               extra_zeros: int = 0) -> list[tuple[str, int]]:
+    """Prometheus buckets: (upper bound, observations <= it), ending with "+Inf".
+
+    `extra_zeros` adds that many observations of 0 (they fall in every bucket): the queue
+    wait histogram is only fed when a client actually waited, and the scrape adds the
+    assignments that did not wait.
+    """
+    found = []
+    running = extra_zeros
+    for bound, count in zip(bounds, counts, strict=False):
+        running += count
+        found.append((repr(bound), running))
+    found.append(("+Inf", running + counts[-1]))
+    return found

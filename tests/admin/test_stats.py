@@ -7,9 +7,11 @@ from pypool.pooling.pool import Pool, PoolLimits
 from pypool.pooling.stats import (
     COUNTERS,
     ZERO,
-    Histogram,
     StatsPeriods,
     averages,
+    buckets,
+    cumulative,
+    observe,
     stats_line,
     totals,
 )
@@ -70,10 +72,11 @@ def test_stats_line_is_pgbouncers() -> None:
 
 
 def test_histogram_buckets_are_cumulative_with_le_semantics() -> None:
-    h = Histogram((0.001, 0.01, 0.1))
+    bounds = (0.001, 0.01, 0.1)
+    counts = buckets(bounds)
     for seconds in (0.0005, 0.001, 0.002, 0.05, 0.05, 3.0):
-        h.observe(seconds)
-    assert h.counts == [2, 1, 2, 1]  # 0.001 falls in "le 0.001"
-    assert h.count == 6
-    assert h.cumulative() == [("0.001", 2), ("0.01", 3), ("0.1", 5), ("+Inf", 6)]
-    assert h.cumulative(extra_zeros=4) == [("0.001", 6), ("0.01", 7), ("0.1", 9), ("+Inf", 10)]
+        observe(bounds, counts, seconds)
+    assert counts == [2, 1, 2, 1]  # 0.001 falls in "le 0.001"
+    assert cumulative(bounds, counts) == [("0.001", 2), ("0.01", 3), ("0.1", 5), ("+Inf", 6)]
+    assert cumulative(bounds, counts, extra_zeros=4) == [
+        ("0.001", 6), ("0.01", 7), ("0.1", 9), ("+Inf", 10)]
