@@ -1,13 +1,14 @@
 """The reply reader: a server's byte stream after login, framed and judged for its client.
 
-Theory of operation. `ReplyReader.feed(data)` takes what the server sent and leaves in `out`
-the bytes for the linked client, in order; it returns DONE when everything fed is dealt with,
+Theory of operation. `ReplyReader.feed(data)` takes what the server sent and leaves the bytes
+for the linked client, in order, for `take_out`; it returns DONE when everything fed is dealt with,
 or stops early, with the rest kept, when the connection must act before reading on:
 
-- READY: a ReadyForQuery for the client went into `out` (`status` says its transaction
+- READY: a ReadyForQuery for the client is among them (`status` says its transaction
   status). The client's FrontendLedger then decides whether the server is released
   (core/link.py `ready_event`); what follows may belong to the next client of a pipeline
-  line, so the caller writes `out` and acts before it calls `feed(b"")` to read on.
+  line, so the caller writes what `take_out` gives and acts before it calls `feed(b"")`
+  to read on.
 - HIDDEN: a reply to one of the pooler's own queries settled it (`outcome`, one of
   core/backend.py's CHECK_FAILED, APPLIED, SET_FAILED).
 
@@ -86,7 +87,11 @@ class ReplyReader:
         self.frontend: FrontendLedger | None = None
         self.client_params: dict[str, str] | None = None
         self.statement_mode = False  # pool_mode = statement: a transaction block is refused
-        self.out: list[bytes] = []
+        # What the reads so far leave for the client, until the connection takes it
+        # (`take_out`): the first piece, and a list only if more follow. A read that ends
+        # a transaction on the hot path leaves one piece, and no list is touched.
+        self._first = b""
+        self._rest: list[bytes] | None = None
         self.status = _TX_IDLE  # of the ReadyForQuery behind the last READY
         self.outcome = 0  # of the hidden reply behind the last HIDDEN
         self._skip = 0  # bytes of a message body still to pass through unparsed
@@ -114,13 +119,31 @@ class ReplyReader:
         self._covered_at = self.params_version
         return True
 
+    def _emit(self, piece: bytes) -> None:
+        """`piece` goes to the client after what the reads left before it."""
+        if not self._first:
+            self._first = piece
+        elif self._rest is None:
+            self._rest = [piece]
+        else:
+            self._rest.append(piece)
+
+    def take_out(self) -> bytes:
+        """The bytes for the client the reads left, in order (b"" if none); they are the
+        caller's now."""
+        first, self._first = self._first, b""
+        rest = self._rest
+        if rest is None:
+            return first
+        self._rest = None
+        return b"".join((first, *rest))
+
     def more(self) -> bool:
         """Whether a feed(b"") after READY or HIDDEN has anything left to do."""
         rq = self.requests
         return bool(self._partial or rq.to_client or rq.tracking == Tracking.SYNTHETIC)
 
     def feed(self, data: bytes) -> int:
-        out = self.out
         rq = self.requests
         if rq.to_client or self._partial:
             data = self._resume(data)
@@ -131,7 +154,7 @@ class ReplyReader:
             return self._inside_message(data, n, pos)
         self._skip = 0
         frontend = self.frontend
-        sent = 0  # start of the bytes not yet put in `out`
+        sent = 0  # start of the bytes not yet emitted
         while n - pos >= 5:
             kind = data[pos]
             end = pos + 1 + be32(data, pos + 1)
@@ -147,8 +170,8 @@ class ReplyReader:
                 # The slow path: this reply is matched to the request at the queue's head.
                 if rq.tracking == Tracking.SYNTHETIC:  # a reply the pooler makes goes first
                     if sent < pos:
-                        out.append(data[sent:pos])
-                    out.append(rq.emit_synthetic())
+                        self._emit(data[sent:pos])
+                    self._emit(rq.emit_synthetic())
                     sent = pos
                     continue
                 if end > n:
@@ -207,7 +230,7 @@ class ReplyReader:
         still to come): it goes to the client as it is."""
         self._skip = skip - n
         if n:
-            self.out.append(data)
+            self._emit(data)
         if self.requests.tracking == Tracking.SYNTHETIC and not self._skip:
             self._synthetic()
         return DONE
@@ -218,7 +241,7 @@ class ReplyReader:
         if pos < n:
             self._partial = data[pos:]
         if sent < pos:
-            self.out.append(data[sent:pos] if sent or pos < n else data)
+            self._emit(data[sent:pos] if sent or pos < n else data)
         if (self.requests.tracking == Tracking.SYNTHETIC and not self._skip
                 and not self._partial):
             self._synthetic()
@@ -230,7 +253,7 @@ class ReplyReader:
         put back in front of `data`."""
         rq = self.requests
         if rq.to_client:
-            self.out.append(b"".join(rq.to_client))
+            self._emit(b"".join(rq.to_client))
             rq.to_client = None
         if self._partial:
             data = self._partial + data if data else self._partial
@@ -241,7 +264,7 @@ class ReplyReader:
         """A reply to the pooler's own query (core/backend.py): swallowed, the client's
         bytes before it go out. True when it settles that query (`outcome` says how)."""
         if sent < pos:
-            self.out.append(data[sent:pos])
+            self._emit(data[sent:pos])
         outcome = self._hidden_message(kind, data[pos + 5 : end])
         if outcome:
             self.outcome = outcome
@@ -250,21 +273,20 @@ class ReplyReader:
 
     def _renamed_error(self, data: bytes, pos: int, end: int, sent: int) -> int:
         """An ErrorResponse to a folded segment of the client's statements: named after
-        them (pooling/prepared/). Returns where the bytes not yet in `out` start."""
+        them (pooling/prepared/). Returns where the bytes not yet emitted start."""
         renamed = self.requests.renamed_error(data[pos + 5 : end])
         if renamed is None:
             return sent
         if sent < pos:
-            self.out.append(data[sent:pos])
-        self.out.append(renamed)
+            self._emit(data[sent:pos])
+        self._emit(renamed)
         return end
 
     def _tracked_reply(self, kind: int, data: bytes, pos: int, end: int, sent: int) -> int:
         """The slow path's step: one whole reply, matched to the request at the queue's
-        head (pooling/prepared/). Returns where the bytes not yet in `out` start, or -1 when
+        head (pooling/prepared/). Returns where the bytes not yet emitted start, or -1 when
         the reply is the ReadyForQuery that ends the client's request (the caller stops)."""
         rq = self.requests
-        out = self.out
         if kind == _COMMAND_COMPLETE or kind == _ERROR_RESPONSE or kind == _READY_FOR_QUERY:
             body = data[pos + 5 : end]
             if kind == _ERROR_RESPONSE:
@@ -288,20 +310,19 @@ class ReplyReader:
         else:
             stop = pos if verdict else end
         if sent < stop:
-            out.append(data[sent:stop])
+            self._emit(data[sent:stop])
         if verdict == prepared.REPLACE:
-            out.append(rq.replacement)
+            self._emit(rq.replacement)
         if verdict == prepared.READY:
             return -1
         if rq.to_client:
-            out.append(b"".join(rq.to_client))
+            self._emit(b"".join(rq.to_client))
             rq.to_client = None
         return end
 
     def _ready_for_query(self, data: bytes, pos: int, end: int, sent: int) -> int:
         """The hot path's ReadyForQuery: the reply up to it goes out, and the read stops."""
         rq = self.requests
-        out = self.out
         n = len(data)
         status = data[pos + 5]
         if rq.queue:
@@ -310,9 +331,9 @@ class ReplyReader:
             # As PgBouncer: the ReadyForQuery is withheld, so the statement that opened the
             # transaction fails (the client sends the FATAL).
             if sent < pos:
-                out.append(data[sent:pos])
+                self._emit(data[sent:pos])
         else:
-            out.append(data[sent:end] if sent or end < n else data)
+            self._emit(data[sent:end] if sent or end < n else data)
         if end < n:
             self._partial = data[end:]
         self.status = status
@@ -328,7 +349,7 @@ class ReplyReader:
     def _synthetic(self) -> None:
         synthetic = self.requests.emit_synthetic()
         if synthetic:
-            self.out.append(synthetic)
+            self._emit(synthetic)
 
     def _server_error(self) -> None:
         errs = self.stats.errors
@@ -365,7 +386,7 @@ class ReplyReader:
         """The server is gone: nothing more will be read."""
         self._skip = 0
         self._partial = b""
-        self.out.clear()
+        self._first, self._rest = b"", None
         self.backend.reset()
 
 

@@ -136,12 +136,11 @@ class ServerConnection(ServerRecord, asyncio.Protocol):
         reader = self.reader
         event = reader.feed(data)
         while True:
-            out = reader.out
+            out = reader.take_out()
             if out:
                 client = self.client
                 if client is not None:
-                    client.write(out[0] if len(out) == 1 else b"".join(out))
-                out.clear()
+                    client.write(out)
             if event == replies.READY:
                 client = self.client
                 if client is not None:

@@ -186,7 +186,7 @@ class Link:
     def _read(self, data: bytes) -> None:
         event = self.replies.feed(data)
         while True:
-            self.replies.out.clear()
+            self.replies.take_out()
             if event == replies.READY:
                 if self.ledger.ready():
                     verdict = lk.ready_event(self.ledger, self.replies.status, "transaction",
