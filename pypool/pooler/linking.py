@@ -266,7 +266,7 @@ def server_available(pooler: Pooler, server: ServerRecord, now: float = 0.0) -> 
     if server.state is not ServerState.IDLE:
         server.on(ServerEvent.FREED)
     server.request_time = now  # free since now (server_check_delay counts from here)
-    if pooler.replication.queues and replication.claim_freed(pooler, pool, server):
+    if pool.replication_waiting and replication.claim_freed(pooler, pool, server):
         return  # closed to make room for a replication client that came first
     if not pool.paused:
         while (client := pool.dequeue()) is not None:

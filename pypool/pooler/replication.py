@@ -4,7 +4,7 @@ A client whose StartupMessage sets `replication` (protocol/replication.py) wants
 walsender. A walsender cannot be shared: its session is the replication stream, and a
 physical one even refuses SET and every SQL statement. So, as PgBouncer 1.23+ does, such a
 client is never handed a pooled server. Once authenticated it waits in its pool's
-replication queue (`Replication.queues`, first come first served) for room under
+replication queue (`Pool.replication_waiting`, first come first served) for room under
 pool_size and max_db_connections / max_user_connections, the limits every server of the
 pool counts against; a full pool makes room by evicting its longest-idle ordinary server
 ("evicted"), or the next one freed when the replication client came before the pool's
@@ -25,8 +25,8 @@ pg_hba.conf), so it says nothing about the pool's other logins. RECONNECT and a 
 [databases] entry close dedicated servers at once: they are not released at any point where
 they could be replaced.
 
-It owns the queues and the pairs; the counts (servers_per_db, servers_per_user, the pool's
-lists) stay the Pooler's, kept by its usual paths.
+It owns the queues (each in its pool) and the pairs; the counts (servers_per_db,
+servers_per_user, the pool's lists) stay the Pooler's, kept by its usual paths.
 """
 
 from __future__ import annotations
@@ -78,9 +78,17 @@ def wants_own_server(client: ClientRecord) -> bool:
 
 def client_authenticated(pooler: Pooler, client: ClientRecord, pool: Pool) -> None:
     """Queue the client for a dedicated server (its welcome waits for that server)."""
-    queue = pooler.replication.queues.setdefault(pool, deque())
-    queue.append(client)
+    if pool.replication_waiting is None:
+        pool.replication_waiting = deque()
+    pool.replication_waiting.append(client)
     launch(pooler, pool)
+
+
+def involved(pooler: Pooler, pool: Pool | None) -> bool:
+    """Whether a replication client waits in `pool` or has a server (or one logging in):
+    only then is there anything for this module's hooks to do."""
+    return pooler.replication.in_use() or (
+        pool is not None and pool.replication_waiting is not None)
 
 
 def launch(pooler: Pooler, pool: Pool) -> None:
@@ -92,7 +100,7 @@ def launch(pooler: Pooler, pool: Pool) -> None:
         for server in list(pool.close_needed):
             if server in state.pipes:
                 server.close("database configuration changed")
-    queue = state.queues.get(pool)
+    queue = pool.replication_waiting
     if queue is None:
         return
     now = pooler.now()
@@ -109,7 +117,7 @@ def launch(pooler: Pooler, pool: Pool) -> None:
             if client.state is ClientState.WELCOME:
                 client.fail(errors.shutting_down())
     if not queue:
-        state.queues.pop(pool, None)
+        pool.replication_waiting = None
         return
     if pool.paused or pooler.shutting_down == "now":
         return
@@ -124,7 +132,7 @@ def launch(pooler: Pooler, pool: Pool) -> None:
         client = queue.popleft()
         if client.state is ClientState.WELCOME:
             _open_for(pooler, pool, entry, client)
-    state.queues.pop(pool, None)
+    pool.replication_waiting = None
 
 
 def claim_freed(pooler: Pooler, pool: Pool, server: ServerRecord) -> bool:
@@ -132,7 +140,7 @@ def claim_freed(pooler: Pooler, pool: Pool, server: ServerRecord) -> bool:
     of them came before the oldest ordinary waiter, the server is closed to make that room
     (as PgBouncer hands no server past a replication client at the head of its queue), and
     True. Called by linking.server_available before it hands the server on."""
-    queue = pooler.replication.queues.get(pool)
+    queue = pool.replication_waiting
     if not queue:
         return False
     first = queue[0]
@@ -269,11 +277,11 @@ def client_closed(pooler: Pooler, client: ClientRecord) -> None:
     state = pooler.replication
     pool = client.pool
     if pool is not None:
-        queue = state.queues.get(pool)
+        queue = pool.replication_waiting
         if queue is not None and client in queue:
             queue.remove(client)
             if not queue:
-                del state.queues[pool]  # so that in_use() is false again
+                pool.replication_waiting = None  # so that involved() is false again
     server = state.pending_for.pop(client, None)
     if server is not None:
         state.pending.pop(server, None)
@@ -298,8 +306,11 @@ def server_closed(pooler: Pooler, server: ServerRecord, reason: str) -> None:
         if server.transport is None and client.state is ClientState.WELCOME:
             del state.pending[server]
             state.pending_for.pop(client, None)
-            assert client.pool is not None
-            state.queues.setdefault(client.pool, deque()).appendleft(client)
+            pool = client.pool
+            assert pool is not None
+            if pool.replication_waiting is None:
+                pool.replication_waiting = deque()
+            pool.replication_waiting.appendleft(client)
         return  # else its login failed: login_failed tells the client
     pipe = state.pipes.get(server)
     if pipe is None:

@@ -49,7 +49,7 @@ NO_CAP: Final = 1 << 30
 
 def launch_servers(pooler: Pooler, pool: Pool) -> None:
     """Open the servers `pool` needs now, as the module docstring says."""
-    if pooler.replication.in_use():
+    if replication.involved(pooler, pool):
         replication.launch(pooler, pool)  # dedicated servers first: their clients came first
     if pool.paused or pooler.shutting_down == "now":
         return

@@ -100,7 +100,7 @@ def client_closed(pooler: Pooler, client: ClientRecord, reason: str) -> None:
             notifications.gone(pooler, client)  # its channels, if no one else's, go
         if client in pool.awaiting_params:
             pool.awaiting_params.remove(client)
-    if pooler.replication.in_use():
+    if replication.involved(pooler, client.pool):
         replication.client_closed(pooler, client)  # its own server goes with it
     server = client.server
     if server is not None and (server.chain or server.client is not client

@@ -114,6 +114,9 @@ class Pool:
         self.login: set[Any] = set()
         self.being_canceled: set[Any] = set()
         self.waiting: deque[Any] = deque()
+        # Authenticated replication clients waiting for room for a server of their own
+        # (pooler/replication.py), oldest first; None while none waits, as almost always.
+        self.replication_waiting: deque[Any] | None = None
         # Busy servers that could take one more client's transaction behind their last one
         # (net/pipeline.py), most recent last; may be stale, checked when used.
         self.open_lines: list[Any] = []
