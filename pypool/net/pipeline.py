@@ -209,10 +209,11 @@ def can_follow(server: ServerRecord, client: ClientRecord) -> bool:
         return False
     # No SET may be needed for it: a hidden query's replies would be mistaken for the others'.
     session = client.session
-    if session is None and server.session_sets:
+    held = server.session_sets
+    if session is None and held:
         session = client.session_record()  # another client's settings to undo for it
-    if session is not None and (session.busy() or (session.sets or server.session_sets)
-                                and sync_statements(server.session_sets, session.sets)):
+    if session is not None and (session.busy() or (session.sets or held)
+                                and sync_statements(held or {}, session.sets)):
         return False
     return server.reader.covers(client.params)
 

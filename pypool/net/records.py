@@ -403,7 +403,9 @@ class ServerRecord(ReadingSwitch):
         self.params = self.reader.params
         # The settings clients made here that follow them (pooling/session_state.py): name ->
         # the statement that made it, None when unsure. Undone before anyone else runs here.
-        self.session_sets: dict[bytes, bytes | None] = {}
+        # None while it holds none (every link asks; most servers never hold any): made by
+        # pooler/transactions.py before a client's record writes into it.
+        self.session_sets: dict[bytes, bytes | None] | None = None
         self.close_reason = ""
         self.local_port = 0
         self.ready: asyncio.Future[None] = pooler.loop.create_future()  # logged in

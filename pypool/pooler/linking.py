@@ -103,14 +103,15 @@ def link(pooler: Pooler, client: ClientRecord, server: ServerRecord,
     # The settings that follow their clients (pooling/session_state.py): the last client's
     # undone and this one's made, only where they differ.
     session = client.session
-    if session is None and server.session_sets:
+    held = server.session_sets
+    if session is None and held:
         session = client.session_record()  # another client's settings to undo for it
     sync = b""
-    if session is not None and (session.sets or server.session_sets):
-        sync = sync_statements(server.session_sets, session.sets)
+    if session is not None and (session.sets or held):
+        sync = sync_statements(held or {}, session.sets)
         if sync:
             pool.stats.session_synced += 1
-            server.session_sets = session.on_server()
+            server.session_sets = session.on_server() or None
     setting = bool(check or sync) or not server.reader.covers(client.params)
     actions = client.on_link(LinkEvent.LINKED_TO_SET if setting else LinkEvent.LINKED, now)
     if actions & lk.HOLD:
@@ -120,7 +121,7 @@ def link(pooler: Pooler, client: ClientRecord, server: ServerRecord,
         hidden_queries.prepare_for(server, client, check, sync)
         return
     if session is not None and session.pending:
-        server.session_sets = session.on_server()
+        server.session_sets = session.on_server() or None
     if actions & lk.SEND:
         _send_outbox(pooler, client, server)
 

@@ -128,7 +128,7 @@ def client_closed(pooler: Pooler, client: ClientRecord, reason: str) -> None:
                 clean, why = False, "its client LOADed a library, which stays loaded"
             else:
                 hidden_queries.send_hidden_query(server, "DISCARD ALL")
-                server.session_sets.clear()
+                server.session_sets = None
         if clean:
             cfg = pooler.settings.pooler
             assert pool is not None

@@ -32,7 +32,7 @@ from ..protocol.errors import PoolerError
 from . import linking, notifications
 
 if TYPE_CHECKING:
-    from ..net.records import ClientRecord
+    from ..net.records import ClientRecord, ServerRecord
     from .record import PoolerRecord as Pooler
 
 log = logging.getLogger("pypool.client")
@@ -57,7 +57,7 @@ def ready_for_query(pooler: Pooler, client: ClientRecord, status: int) -> None:
     pinned = False
     if session is not None and server is not None and (
             session.pending or session.pins or ledger.errors != session.errors_seen):
-        session.ready(status, ledger.errors, server.session_sets)
+        session.ready(status, ledger.errors, _session_sets(server))
         pinned = bool(session.pins)
     if session is not None and session.shared_listen:
         # LISTEN shared: committed? held notifications? its server kept as a bridge?
@@ -113,10 +113,19 @@ def session_changed(pooler: Pooler, client: ClientRecord) -> None:
             if not session.shared_listen and notifications.shared(pooler) and any(
                     command.kind == ss.LISTEN for command in reader.changes):
                 session.shared_listen = True  # from now on, its LISTENs pin nothing
-            session.sent(reader.changes, server.session_sets if server else None)
+            session.sent(reader.changes, _session_sets(server) if server else None)
             if session.shared_listen:
                 notifications.changed(pooler, client, session)
         reader.changes.clear()
+
+
+def _session_sets(server: ServerRecord) -> dict[bytes, bytes | None]:
+    """The settings `server` holds, for a client's record to write into: made when first
+    needed (ServerRecord.session_sets is None while it holds none)."""
+    held = server.session_sets
+    if held is None:
+        held = server.session_sets = {}
+    return held
 
 
 def _pinned(client: ClientRecord, session: ss.ClientSession) -> None:

@@ -173,3 +173,21 @@ def test_a_copy_from_stdin_keeps_the_server_until_its_ready_for_query(fake_poole
     server.send(command("COPY 2"))
     assert kinds(client.take()) == "GCZ"
     assert server.state is ServerState.IDLE and net.pool().stats.xact_count == 1
+
+
+def test_a_set_in_flight_counts_as_made_on_its_server_until_its_reply(
+        fake_pooler: Any) -> None:
+    """The server's record of the settings clients made there (ServerRecord.session_sets,
+    None while it holds none) marks a SET unsure as soon as it is sent: were the link to end
+    before its reply, the next client would find it undone."""
+    net = fake_pooler(default_pool_size=1)
+    client, server = net.client_with_server()
+    assert server.conn.session_sets is None
+    client.send(m.query("BEGIN"))
+    server.send(command("BEGIN", m.TX_IN_BLOCK))
+    client.send(m.query("SET search_path = s1"))
+    assert server.conn.session_sets == {b"search_path": None}, "unsure until it is over"
+    server.send(command("SET", m.TX_IN_BLOCK))
+    client.send(m.query("COMMIT"))
+    server.send(command("COMMIT"))
+    assert server.conn.session_sets == {b"search_path": b"SET search_path = s1"}
