@@ -78,9 +78,14 @@ class FrontendLedger:
     server's ReadyForQuery, CopyIn/Out/BothResponse and copy-in ErrorResponse as they come."""
 
     def __init__(self) -> None:
-        # A deque: a client may pipeline a million Queries before it reads a reply, and each
-        # ReadyForQuery takes the oldest (a list's pop(0) made that quadratic).
-        self.owed: deque[int] = deque()
+        # What is owed, oldest first: the message types of the requests a ReadyForQuery
+        # answers (Query, FunctionCall, Sync) and of the CopyDone/CopyFail sent among them.
+        # The oldest is `first` (0: nothing owed), the rest in `later`, None while there
+        # are no more: a client's usual transaction owes one at a time, and touches no
+        # container. A deque: a client may pipeline a million Queries before it reads a
+        # reply, and each ReadyForQuery takes the oldest (a list's pop(0) is quadratic).
+        self.first = 0
+        self.later: deque[int] | None = None
         self.pending = 0
         self.unsynced = False
         self.copy = NO_COPY
@@ -89,6 +94,30 @@ class FrontendLedger:
         self.copy_data_sent = False  # CopyData sent since the last ReadyForQuery
         self.doubtful = False
         self.errors = 0  # ErrorResponses the server sent it (pooling/session_state/)
+
+    @property
+    def owed(self) -> list[int]:
+        """What is owed, oldest first (for the tests and log lines)."""
+        return ([self.first, *self.later] if self.later else [self.first]) if self.first else []
+
+    def _owe(self, kind: int) -> None:
+        if not self.first:
+            self.first = kind
+        elif self.later is None:
+            self.later = deque((kind,))
+        else:
+            self.later.append(kind)
+
+    def _take_oldest(self) -> int:
+        oldest = self.first
+        later = self.later
+        if later:
+            self.first = later.popleft()
+            if not later:
+                self.later = None
+        else:
+            self.first = 0
+        return oldest
 
     def idle(self) -> bool:
         """Owed nothing: the server could serve someone else (given ReadyForQuery 'I')."""
@@ -120,7 +149,7 @@ class FrontendLedger:
                 return
         elif self.copy == COPY_IN:
             self.doubtful = True  # ends the COPY with an error: see the module docstring
-        self.owed.append(kind)
+        self._owe(kind)
         self.pending += 1
 
     def copy_message(self, kind: int) -> bool:
@@ -138,7 +167,7 @@ class FrontendLedger:
                 if self.copy_extended:
                     self.unsynced = True  # the server waits for a Sync after the COPY
             else:
-                self.owed.append(kind)  # sent before its CopyInResponse came: a bound
+                self._owe(kind)  # sent before its CopyInResponse came: a bound
         return True
 
     # --- what the server answers ------------------------------------------------------------
@@ -177,7 +206,8 @@ class FrontendLedger:
                 struck += 1
                 continue
             kept.append(entry)
-        self.owed = deque(kept)
+        self.first = kept[0] if kept else 0
+        self.later = deque(kept[1:]) if len(kept) > 1 else None
         if ended:
             if self.copy_extended and _SYNC not in kept:
                 self.unsynced = True
@@ -203,15 +233,14 @@ class FrontendLedger:
     def ready(self) -> bool:
         """A ReadyForQuery from the server answered the oldest request; True when the client
         is owed nothing more."""
-        owed = self.owed
-        while owed:
-            entry = owed.popleft()
+        while self.first:
+            entry = self._take_oldest()
             if entry != _COPY_DONE and entry != _COPY_FAIL:
                 break
         # A CopyDone/CopyFail now at the front ended a COPY of the request just answered
         # (or was sent after it was refused): it bounds no COPY to come.
-        while owed and (owed[0] == _COPY_DONE or owed[0] == _COPY_FAIL):
-            owed.popleft()
+        while self.first == _COPY_DONE or self.first == _COPY_FAIL:
+            self._take_oldest()
         if self.pending > 0:
             self.pending -= 1
         else:
@@ -223,7 +252,8 @@ class FrontendLedger:
 
     def reset(self) -> None:
         """The server is gone (or the client is): nothing is in flight any more."""
-        self.owed.clear()
+        self.first = 0
+        self.later = None
         self.pending = 0
         self.unsynced = False
         self.copy = NO_COPY
