@@ -90,7 +90,7 @@ def variant(spec: str, index: int, base: poolers.Target, workdir: Path) -> poole
 
 def floor_variant(spec: str, floor: poolers.Target) -> poolers.Target:
     """`floor`, or `floor@KEY=value,...`: the pooling floor with those environment
-    variables (bench/pool_floor.py's POOL_FLOOR_TOUCH)."""
+    variables (bench/pool_floor.py's POOL_FLOOR_TOUCH, POOL_FLOOR_SHARED)."""
     _, _, options = spec.partition("@")
     if not options:
         return floor

@@ -1,7 +1,7 @@
 """How many objects one transaction touches: pypool's path and the pooling floor's, counted.
 
     python3 bench/objects_per_tx.py [--mode simple|extended] [--transactions N] [--set K=V]
-                                    [--types]
+                                    [--types] [--where TYPE]
 
 In a real run each of the pooler's reads finds its code and objects pushed out of the caches,
 and an object of a connection that a transaction reads or writes costs 50-90 ns beyond its
@@ -21,7 +21,9 @@ objects each transaction touches:
 - beside the same count for bench/pool_floor.py's pooling over the same fakes.
 
 Strings, bytes, numbers, frozensets and enum members are not counted, nor the transports
-(both poolers have them). `--types` lists the objects by type and attribute. `--set` overrides a
+(both poolers have them). `--types` lists the objects by type and attribute; `--where TYPE`
+the code lines that touch objects of that type (a name as `--types` prints it), per
+transaction: where to look for the next one to take off the path. `--set` overrides a
 [pgbouncer] key, as in path_cpu.py (`--set max_prepared_statements=0`).
 """
 
