@@ -5,8 +5,12 @@ authenticating), `idle` (a LIFO stack: the most recently used server is reused f
 others can age out through server_idle_timeout), `active` (linked to a client), or
 `being_canceled` (free, but a CancelRequest aimed at its last client's query is still on its
 way: handed to anyone now, the cancel could hit their query; PgBouncer's
-sv_being_canceled). Clients that need a server and find none idle wait in `waiting`, served
-first-in first-out. Both orders are the defaults of swappable policies (pooling/policies.py):
+sv_being_canceled). Each move takes a server out of the place it was in (`logged_in`,
+`take_idle`, `put_idle`, `park_canceled`, `unpark`, `forget`); a server whose login just
+ended or whose cancels just landed is `active` for the step that hands it to a client or
+puts it idle, so a link and a release look at no other place (`listed_twice` names a
+slip). Clients that need a server and find none idle wait in `waiting`, served first-in
+first-out. Both orders are the defaults of swappable policies (pooling/policies.py):
 `queue_policy` and `server_policy` choose from `waiting` (kept in arrival order) and `idle`
 (kept in release order); None, the default, pops inline with no call. The pool never opens
 sockets itself: `servers_wanted` tells the asyncio layer how many to open, within pool_size
