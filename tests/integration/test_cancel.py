@@ -120,8 +120,14 @@ async def test_psycopg_async_cancel_inside_a_transaction(postgres, pooler) -> No
         # Still inside its (now failed) transaction, on the same server.
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
         await conn.execute("ROLLBACK")
+        # The ROLLBACK ended it there: that backend is idle, not left in its failed
+        # transaction. (Which server the next transaction gets is the pool's choice: this
+        # one may still be parked until the CancelRequest's connection closes.)
+        rows = await asyncio.to_thread(
+            postgres.execute, "SELECT state FROM pg_stat_activity WHERE pid = %s", params=(pid,))
+        assert rows == [("idle",)]
         await conn.execute("BEGIN")
-        assert (await (await conn.execute("SELECT pg_backend_pid()")).fetchone())[0] == pid
+        assert (await (await conn.execute("SELECT 7")).fetchone())[0] == 7
         await conn.execute("COMMIT")
     finally:
         await conn.close()
