@@ -9,13 +9,13 @@ sv_being_canceled). Each move takes a server out of the place it was in (`logged
 `take_idle`, `put_idle`, `park_canceled`, `unpark`, `forget`); a server whose login just
 ended or whose cancels just landed is `active` for the step that hands it to a client or
 puts it idle, so a link and a release look at no other place (`listed_twice` names a
-slip). Clients that need a server and find none idle wait in `waiting`, served first-in
-first-out. Both orders are the defaults of swappable policies (pooling/policies.py):
-`queue_policy` and `server_policy` choose from `waiting` (kept in arrival order) and `idle`
-(kept in release order); None, the default, pops inline with no call. The pool never opens
-sockets itself: `servers_wanted` tells the asyncio layer how many to open, within pool_size
-(plus reserve_pool_size once a client has waited reserve_pool_timeout) and the database-wide
-and user-wide caps.
+slip; the net unit tests also check that no open server is in none). Clients that need a
+server and find none idle wait in `waiting`, served first-in first-out. Both orders are the
+defaults of swappable policies (pooling/policies.py): `queue_policy` and `server_policy`
+choose from `waiting` (kept in arrival order) and `idle` (kept in release order); None, the
+default, pops inline with no call. The pool never opens sockets itself: `servers_wanted`
+tells the asyncio layer how many to open, within pool_size (plus reserve_pool_size once a
+client has waited reserve_pool_timeout) and the database-wide and user-wide caps.
 
 Whether a server is idle is said twice, on purpose. Its ServerState (core/states.py) is the
 truth about the connection: its transitions are checked (a server is LINKED only from IDLE),

@@ -18,7 +18,8 @@ each transport received. They assert what a peer or an operator would see (bytes
 wire, the connections' states, the pool's lists and counters, SQLSTATEs), not the flags the
 link is kept in. After every step taken through these fakes (bytes delivered, a socket lost,
 `run_callbacks`, the end of the test) each pool's idle stack is checked against its servers'
-ServerState (`assert_idle_in_step`, pooling/pool.py's `idle_out_of_step`).
+ServerState, and every server still open is checked to be in exactly one of its pool's
+places (`assert_idle_in_step`; pooling/pool.py's `idle_out_of_step` and `listed_twice`).
 """
 
 from __future__ import annotations
@@ -44,13 +45,29 @@ SERVER_PARAMS = {"client_encoding": "UTF8", "DateStyle": "ISO, MDY", "TimeZone":
                  "standard_conforming_strings": "on"}
 
 
+# The servers each FakePooler's pools opened, by id(its Pooler): `assert_idle_in_step`
+# checks that each one still open is listed somewhere.
+_DIALED: dict[int, list[tuple[ServerConnection, FakeTransport]]] = {}
+
+
 def assert_idle_in_step(pooler: Any) -> None:
     """Every pool's `idle` stack and its servers' ServerState agree (pooling/pool.py says
-    why both exist): checked after every step a test takes through these fakes."""
+    why both exist), no server is in two of a pool's places, and every server still open
+    is in one of them: checked after every step a test takes through these fakes."""
     wrong = {pool.database: pool.idle_out_of_step() for pool in pooler.pools.values()}
     assert not any(wrong.values()), f"idle stack and ServerState disagree: {wrong}"
     twice = {pool.database: pool.listed_twice() for pool in pooler.pools.values()}
     assert not any(twice.values()), f"servers in two of a pool's places: {twice}"
+    nowhere = [conn for conn, transport in _DIALED.get(id(pooler), ())
+               if not transport.closed and conn.state is not ServerState.CLOSED
+               and not conn.close_reason and not _listed(conn)]
+    assert not nowhere, f"open servers in none of their pool's places: {nowhere}"
+
+
+def _listed(conn: ServerConnection) -> bool:
+    pool = conn.pool
+    return (conn in pool.active or conn in pool.idle or conn in pool.login
+            or conn in pool.being_canceled)
 
 
 def split(data: bytes) -> list[tuple[str, bytes]]:
@@ -247,6 +264,7 @@ class FakePooler:
         self.cancels: list[CancelConnection] = []
         self.refuse_cancels = False  # PostgreSQL's port refuses cancel connections
         self.pooler = self.loop.run_until_complete(self._make(settings))
+        _DIALED[id(self.pooler)] = self._dialed
         self.clock = FakeClock()
         self.pooler.now = self.clock
         self._peer_port = 40000
@@ -269,6 +287,7 @@ class FakePooler:
         return Pooler(settings)  # it asks for the running loop
 
     def close(self) -> None:
+        _DIALED.pop(id(self.pooler), None)
         tasks = asyncio.all_tasks(self.loop)
         for task in tasks:
             task.cancel()
