@@ -196,7 +196,7 @@ def wait_close(pooler: PoolerControl, arg: str) -> Reply:
     else:
         log.info("WAIT_CLOSE command issued")
         database = None
-    return WaitFor(lambda: not any(pool.close_needed for pool in _pools_of(pooler, database)),
+    return WaitFor(lambda: not any(pool.close_pending() for pool in _pools_of(pooler, database)),
                    "WAIT_CLOSE")
 
 

@@ -147,7 +147,7 @@ def may_serve_on(pooler: PoolerPort, server: ServerRecord) -> bool:
     a line kept topped up under load would keep it from ever being free."""
     pool = server.pool
     lifetime = pool.limits.server_lifetime
-    return not (pool.removed or (pool.close_needed and server in pool.close_needed)
+    return not (pool.removed or server.close_needed
                 or pooler.now() - server.connect_time > lifetime)
 
 

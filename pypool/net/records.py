@@ -385,6 +385,9 @@ class ServerRecord(ReadingSwitch):
         # CancelRequests aimed at this server's backend not yet known to have landed: while
         # any is, the server is handed to no one (Pool.being_canceled).
         self.cancels_in_flight = 0
+        # Close it instead of reusing it, once free (RECONNECT, a changed [databases] entry:
+        # pooler/lifecycle.py `tag_dirty`; PgBouncer's close_needed).
+        self.close_needed = False
         # Clients whose transactions are queued on this server behind the linked client's,
         # in order (net/pipeline.py); their replies follow its ReadyForQuery. A tuple, replaced
         # when the line changes (it is at most pipeline_depth long): every release asks

@@ -538,7 +538,7 @@ def _servers(pool: Pool, wall: float) -> list[ServerInfo]:
                 addr=server.host, port=server.port, local_addr=local_addr,
                 local_port=local_port or server.local_port,
                 connect_time=server.connect_time + wall, request_time=server.request_time + wall,
-                close_needed=server in pool.close_needed, ptr=_ptr(server),
+                close_needed=server.close_needed, ptr=_ptr(server),
                 link=_ptr(server.client), remote_pid=server.backend_pid,
                 application_name=server.params.get("application_name", ""),
                 prepared_statements=_prepared_count(server), fd=_fd(server.transport),

@@ -386,8 +386,8 @@ def tag_dirty(pooler: Pooler, pool: Pool, reason: str) -> None:
     """RECONNECT: replace every server of the pool: idle ones now, busy ones once released,
     logging-in ones once logged in (closing those now would fail the clients waiting for
     the pool's first login, and block new logins for server_login_retry)."""
-    pool.close_needed = (set(pool.active) | set(pool.idle) | set(pool.login)
-                         | set(pool.being_canceled))
+    for server in pool.servers():
+        server.close_needed = True
     for server in list(pool.idle):
         pooler.close_server(server, reason)
     if pooler.settings.pooler.server_fast_close and pool.limits.pool_mode == "session":

@@ -256,7 +256,7 @@ def server_available(pooler: Pooler, server: ServerRecord, now: float = 0.0) -> 
     now = now or pooler.now()
     # server_lifetime = 0: each server serves once (PgBouncer's meaning).
     lifetime = server.pool.limits.server_lifetime
-    if pool.paused or pool.close_needed or pool.removed or (
+    if pool.paused or server.close_needed or pool.removed or (
         now - server.connect_time > lifetime
         and server.state is not ServerState.LOGIN
     ):
@@ -282,7 +282,7 @@ def _close_reason(pooler: Pooler, server: ServerRecord, now: float) -> str:
     pool = server.pool
     if pool.paused:
         return "pause mode"
-    if server in pool.close_needed:
+    if server.close_needed:
         return "database configuration changed"
     if pool.removed and not pool.clients:
         return "database removed"

@@ -96,9 +96,9 @@ def launch(pooler: Pooler, pool: Pool) -> None:
     (making it by eviction), and close dedicated servers that RECONNECT or a changed entry
     marked. Called wherever the pool's servers may be launched (Pooler.launch_servers)."""
     state = pooler.replication
-    if pool.close_needed and state.pipes:
-        for server in list(pool.close_needed):
-            if server in state.pipes:
+    if state.pipes:
+        for server in pool.servers():
+            if server.close_needed and server in state.pipes:
                 server.close("database configuration changed")
     queue = pool.replication_waiting
     if queue is None:

@@ -304,12 +304,8 @@ def _has_usable_server(pool: Pool) -> bool:
     """Whether a server of the pool may still serve its queue: one that is not being
     replaced (RECONNECT, a changed [databases] entry: `close_needed`), as PgBouncer counts
     a dirty pool's servers as gone when a login fails (kill_pool_logins)."""
-    dirty = pool.close_needed
-    for group in (pool.idle, pool.active, pool.login, pool.being_canceled):
-        for server in group:
-            if server not in dirty and not replication.is_dedicated(server):
-                return True
-    return False
+    return any(not server.close_needed and not replication.is_dedicated(server)
+               for server in pool.servers())
 
 
 def _connect_failure(failure: Exception) -> str:

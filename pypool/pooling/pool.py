@@ -134,8 +134,6 @@ class Pool:
         self.paused = False  # PAUSE (or SIGUSR1): no server handed out, servers closed on release
         self.disabled = False  # DISABLE: new clients refused; the connected ones carry on
         self.removed = False  # its database left the config: no new clients, the rest carry on
-        # Servers to close instead of reusing (RECONNECT, a changed [databases] entry).
-        self.close_needed: set[Any] = set()
         self.stats = PoolStats()
         # Its clients' LISTENs and its listening connection (listen_mode = shared;
         # pooling/listening.py); None until a client first LISTENs.
@@ -192,7 +190,6 @@ class Pool:
         self.active.discard(server)
         self.login.discard(server)
         self.being_canceled.discard(server)
-        self.close_needed.discard(server)
         for where in (self.idle, self.open_lines):
             try:
                 where.remove(server)
@@ -210,12 +207,21 @@ class Pool:
             wrong.extend(server for server in listed if server.state is idle)
         return wrong
 
+    def servers(self) -> list[Any]:
+        """Every server in one of the four places (not those closing, already forgotten)."""
+        return [*self.idle, *self.active, *self.login, *self.being_canceled]
+
+    def close_pending(self) -> bool:
+        """Whether a server tagged to close instead of serving again (`close_needed`:
+        RECONNECT, a changed [databases] entry) is still in the pool."""
+        return any(server.close_needed for server in self.servers())
+
     def listed_twice(self) -> list[Any]:
         """The servers in more than one of the four places (none ever should be: each move
         takes a server out of the place it was in). For tests and debugging."""
         seen: set[int] = set()
         twice = []
-        for server in (*self.idle, *self.active, *self.login, *self.being_canceled):
+        for server in self.servers():
             if id(server) in seen:
                 twice.append(server)
             seen.add(id(server))
