@@ -31,7 +31,7 @@ import logging
 from typing import TYPE_CHECKING, Final
 
 from ..pooling import prepared
-from ..pooling.params import ClientParams, covers
+from ..pooling.params import ClientParams, covers, params_key
 from ..pooling.prepared import Op, Tracking
 from ..protocol import messages as m
 from ..protocol.framing import be32
@@ -110,7 +110,7 @@ class ReplyReader:
         as every client of an application does, is answered by comparing two references,
         not two dicts. A ParameterStatus since then moves the version on, so the next link
         compares afresh."""
-        key = wanted.key()
+        key = params_key(wanted)
         if key is self._covered and self._covered_at == self.params_version:
             return True
         if not covers(self.params, wanted):

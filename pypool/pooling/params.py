@@ -119,16 +119,7 @@ class ClientParams(dict[str, str]):
         self._key: frozenset[tuple[str, str]] | None = None
 
     def key(self) -> frozenset[tuple[str, str]]:
-        key = self._key
-        if key is None:
-            items = frozenset(self.items())
-            key = _KEYS.get(items)
-            if key is None:
-                if len(_KEYS) >= _KEYS_MAX:
-                    _KEYS.clear()
-                key = _KEYS[items] = items
-            self._key = key
-        return key
+        return params_key(self)
 
     # --- every write forgets the key --------------------------------------------------------
 
@@ -164,6 +155,23 @@ class ClientParams(dict[str, str]):
         self._key = None
         super().__ior__(other)
         return self
+
+
+def params_key(params: ClientParams) -> frozenset[tuple[str, str]]:
+    """`params.key()`. Called as a module function, as core/replies.py does at every link:
+    a method of this plain Python class is reached through a generic lookup and a bound
+    method each call, which a real run's profile showed costing as much as the rest of the
+    check (bench/README.md)."""
+    key = params._key
+    if key is None:
+        items = frozenset(params.items())
+        key = _KEYS.get(items)
+        if key is None:
+            if len(_KEYS) >= _KEYS_MAX:
+                _KEYS.clear()
+            key = _KEYS[items] = items
+        params._key = key
+    return key
 
 
 def quote_literal(value: str) -> str:
