@@ -355,7 +355,8 @@ def hand_on(pooler: PoolerPort, server: ServerRecord, now: float) -> None:
         stats = pool.stats
         waited = now - client.wait_start
         stats.wait_time_us += int(waited * 1e6)
-        observe(WAIT_BUCKETS, stats.wait_counts, waited)
+        if pooler.histograms:
+            observe(WAIT_BUCKETS, stats.wait_counts, waited)
         stats.server_assignment_count += 1
     client.link_time = now
     client.query_start = now

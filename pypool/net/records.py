@@ -78,6 +78,7 @@ class PoolerPort:
     # The pooler's clock (time.monotonic): every state, wait and query time.
     now: Callable[[], float]
     pipeline_depth: int  # [pgbouncer] pipeline_depth, read per transaction
+    histograms: bool  # the wait and transaction time histograms are kept (metrics_port)
     tls: Tls  # the TLS contexts in force
     statement_registry: Registry  # prepared statements by Parse body, shared by all pools
     txlog: TransactionLog | None  # the transaction log, None when off

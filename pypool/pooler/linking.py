@@ -90,7 +90,8 @@ def link(pooler: Pooler, client: ClientRecord, server: ServerRecord,
         check = ""
     if client.state is ClientState.WAITING:
         pool.stats.wait_time_us += int((now - client.wait_start) * 1e6)
-        observe(WAIT_BUCKETS, pool.stats.wait_counts, now - client.wait_start)
+        if pooler.histograms:
+            observe(WAIT_BUCKETS, pool.stats.wait_counts, now - client.wait_start)
     # Active already: taken from `idle`, or handed on by server_available.
     link_ends.link(client, server)
     server.on(ServerEvent.LINKED)
@@ -203,7 +204,8 @@ def release(pooler: Pooler, client: ClientRecord, now: float = 0.0,
     stats.xact_count += 1
     held = now - client.link_time
     stats.xact_time_us += int(held * 1e6)
-    observe(XACT_BUCKETS, stats.xact_counts, held)
+    if pooler.histograms:
+        observe(XACT_BUCKETS, stats.xact_counts, held)
     if pooler.txlog is not None:
         pooler.txlog.released(client, server, now)
     link_ends.unlink(client, server)

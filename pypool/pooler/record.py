@@ -66,6 +66,7 @@ class PoolerRecord(PoolerPort):
         self.check_query = ""
         self.check_delay = 0.0
         self.pipeline_depth = 0
+        self.histograms = False
         self.server_lifetime = 0.0
         self.reset_query_always = ""  # server_reset_query, if server_reset_query_always
         self.use_settings(settings)
@@ -189,6 +190,9 @@ class PoolerRecord(PoolerPort):
         self.check_query = cfg.server_check_query
         self.check_delay = float(cfg.server_check_delay)
         self.pipeline_depth = int(cfg.pipeline_depth)
+        # The wait and transaction time histograms are shown at /metrics and nowhere else:
+        # kept only with the endpoint configured (metrics_port, which only a restart changes).
+        self.histograms = bool(cfg.metrics_port)
         self.server_lifetime = float(cfg.server_lifetime)
         self.reset_query_always = (cfg.server_reset_query if cfg.server_reset_query_always
                                    else "")

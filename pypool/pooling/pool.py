@@ -94,7 +94,8 @@ class PoolStats:
     # ("query_wait_timeout", "server_login_failed", ...).
     errors: dict[str, int] = field(default_factory=dict)
     # Histograms (pooling/stats.py): seconds a client waited in the queue (only clients that
-    # waited), over WAIT_BUCKETS, and transaction times, over XACT_BUCKETS.
+    # waited), over WAIT_BUCKETS, and transaction times, over XACT_BUCKETS. Counted only
+    # with metrics_port set (`Pooler.histograms`): /metrics is their one reader.
     wait_counts: list[int] = field(default_factory=lambda: buckets(WAIT_BUCKETS))
     xact_counts: list[int] = field(default_factory=lambda: buckets(XACT_BUCKETS))
 

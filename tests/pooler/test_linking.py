@@ -70,6 +70,25 @@ def test_a_second_client_waits_for_the_busy_server_and_gets_it_at_release(
     assert second.take() == select_one() and first.take() == select_one()
 
 
+@pytest.mark.parametrize("metrics_port", [0, 9127])
+def test_the_time_histograms_are_kept_only_for_the_metrics_endpoint(
+        fake_pooler: Any, metrics_port: int) -> None:
+    """/metrics is their one reader: without metrics_port no transaction counts into them,
+    while SHOW STATS's totals are kept either way. (The fakes start no listener.)"""
+    net = fake_pooler(metrics_port=metrics_port)
+    first, server = net.client_with_server()
+    second = net.connect()
+    first.send(m.query("SELECT 1"))
+    second.send(m.query("SELECT 2"))
+    net.clock.advance(0.5)
+    server.send(select_one())
+    server.send(select_one())
+    stats = net.pool().stats
+    assert stats.wait_time_us == 500_000 and stats.xact_count == 2
+    assert sum(stats.wait_counts) == (1 if metrics_port else 0)
+    assert sum(stats.xact_counts) == (2 if metrics_port else 0)
+
+
 def test_waiting_clients_are_served_first_come_first_served(fake_pooler: Any) -> None:
     net = fake_pooler()
     first, server = net.client_with_server()
