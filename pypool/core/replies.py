@@ -81,7 +81,7 @@ class ReplyReader:
         self.params: dict[str, str] = {}  # the server's session parameters, as it reported
         self.params_version = 0  # moved on by every ParameterStatus after the login
         # The key of the last client parameters `covers` found these cover
-        # (ClientParams.key: the same for the same values), and params_version then.
+        # (params_key: the same for the same values), and params_version then.
         self._covered: frozenset[tuple[str, str]] | None = None
         self._covered_at = 0
         self.frontend: FrontendLedger | None = None
@@ -105,7 +105,7 @@ class ReplyReader:
     def covers(self, wanted: ClientParams) -> bool:
         """Whether the server's parameters already have every value a client `wanted`
         (pooling/params.covers), asked at every link. The key of the last values found
-        covered is kept (ClientParams.key: one object for the same values, forgotten when
+        covered is kept (params_key: one object for the same values, forgotten when
         they change) with params_version then: a client that wants the very same values,
         as every client of an application does, is answered by comparing two references,
         not two dicts. A ParameterStatus since then moves the version on, so the next link

@@ -102,9 +102,9 @@ _KEYS_MAX: Final = 4096
 @mypyc_attr(native_class=False)
 class ClientParams(dict[str, str]):
     """A client's tracked parameters, as it should see them: a dict that knows when it
-    changed. `key()` is one object for all the ClientParams that hold the same values, made
-    when first asked and forgotten at any change, whoever makes it (every method that
-    writes is overridden here). A server remembers the values it last found it covers by
+    changed. Its key (`params_key`) is one object for all the ClientParams that hold the
+    same values, made when first asked and forgotten at any change, whoever makes it (every
+    method that writes is overridden here). A server remembers the values it last found it covers by
     that key (core/replies.py `ReplyReader.covers`): at a link, one identity comparison
     answers for every client of an application instead of a comparison of two dicts, whose
     entries, in a real run, are fetched from memory each time (bench/README.md).
@@ -117,9 +117,6 @@ class ClientParams(dict[str, str]):
     def __init__(self, *args: Any, **kwargs: str) -> None:
         super().__init__(*args, **kwargs)
         self._key: frozenset[tuple[str, str]] | None = None
-
-    def key(self) -> frozenset[tuple[str, str]]:
-        return params_key(self)
 
     # --- every write forgets the key --------------------------------------------------------
 
@@ -158,10 +155,10 @@ class ClientParams(dict[str, str]):
 
 
 def params_key(params: ClientParams) -> frozenset[tuple[str, str]]:
-    """`params.key()`. Called as a module function, as core/replies.py does at every link:
-    a method of this plain Python class is reached through a generic lookup and a bound
-    method each call, which a real run's profile showed costing as much as the rest of the
-    check (bench/README.md)."""
+    """The key of `params` (see ClientParams). A module function, not a method: a method of
+    this plain Python class is reached through a generic lookup and a bound method each
+    call, which a real run's profile showed costing as much as the rest of the link's check
+    (core/replies.py `ReplyReader.covers`; bench/README.md)."""
     key = params._key
     if key is None:
         items = frozenset(params.items())

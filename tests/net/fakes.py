@@ -60,14 +60,8 @@ def assert_idle_in_step(pooler: Any) -> None:
     assert not any(twice.values()), f"servers in two of a pool's places: {twice}"
     nowhere = [conn for conn, transport in _DIALED.get(id(pooler), ())
                if not transport.closed and conn.state is not ServerState.CLOSED
-               and not conn.close_reason and not _listed(conn)]
+               and not conn.close_reason and conn not in conn.pool.servers()]
     assert not nowhere, f"open servers in none of their pool's places: {nowhere}"
-
-
-def _listed(conn: ServerConnection) -> bool:
-    pool = conn.pool
-    return (conn in pool.active or conn in pool.idle or conn in pool.login
-            or conn in pool.being_canceled)
 
 
 def split(data: bytes) -> list[tuple[str, bytes]]:
