@@ -97,9 +97,11 @@ def launch(pooler: Pooler, pool: Pool) -> None:
     marked. Called wherever the pool's servers may be launched (Pooler.launch_servers)."""
     state = pooler.replication
     if state.pipes:
-        for server in pool.servers():
-            if server.close_needed and server in state.pipes:
-                server.close("database configuration changed")
+        # Each pipe is listed under both of its ends, and a close takes it out of `pipes`.
+        tagged = [pipe.server for end, pipe in state.pipes.items() if end is pipe.server
+                  and pipe.server.pool is pool and pipe.server.close_needed]
+        for server in tagged:
+            server.close("database configuration changed")
     queue = pool.replication_waiting
     if queue is None:
         return
