@@ -10,7 +10,7 @@ import pytest
 from pypool.core.states import ClientState, ServerState
 from pypool.pooler import janitor
 from pypool.protocol import messages as m
-from pypool.settings import DatabaseEntry
+from pypool.settings import DatabaseEntry, UserEntry
 from tests.net.fakes import Client, FakePooler, command, errors_in, select_one, split
 
 pytestmark = pytest.mark.timeout(10)
@@ -160,3 +160,74 @@ def test_min_pool_size_is_kept_by_the_sweep(fake_pooler: Any) -> None:
         net.open_servers()
         janitor.sweep(net.pooler)
     assert net.pool().server_count == 2 and len(net.pool().idle) == 2
+
+
+def test_query_timeout_counts_the_wait_for_a_server(fake_pooler: Any) -> None:
+    """As PgBouncer: a query's time runs while it waits; refused before it ran."""
+    net = fake_pooler(query_timeout=3, query_wait_timeout=0, query_wait_notify=0)
+    _, waiter, server = waiting_client(net)
+    net.clock.advance(3.1)
+    janitor.sweep(net.pooler)
+    (error,) = errors_in(waiter.take())
+    assert error["M"] == "query_timeout" and waiter.state is ClientState.CLOSED
+    assert m.query("SELECT 1") not in server.take(), "it never reached a server"
+    assert net.pool().stats.errors["query_timeout"] == 2, "and the running query's"
+
+
+@pytest.mark.parametrize(("users_value", "expired"), [(2.0, True), (0.0, False)])
+def test_a_users_query_wait_timeout_wins_over_the_global_one(
+        fake_pooler: Any, users_value: float, expired: bool) -> None:
+    """[users] query_wait_timeout (PgBouncer 1.26) over [pgbouncer]'s; 0 turns it off for
+    that user."""
+    net = fake_pooler(query_wait_timeout=60, query_wait_notify=0,
+                      users={"app": UserEntry(name="app", query_wait_timeout=users_value)})
+    _, waiter, _ = waiting_client(net)
+    net.clock.advance(2.5)
+    janitor.sweep(net.pooler)
+    assert (waiter.state is ClientState.CLOSED) is expired
+    net.clock.advance(60)
+    janitor.sweep(net.pooler)
+    assert (waiter.state is ClientState.WAITING) is not expired, "0: no limit for that user"
+
+
+def test_pool_idle_timeout_forgets_a_pool_nobody_uses(fake_pooler: Any) -> None:
+    """PgBouncer 1.26: no client and no server for longer than pool_idle_timeout."""
+    net = fake_pooler(pool_idle_timeout=30, server_idle_timeout=10)
+    client, server = net.client_with_server()
+    client.send(m.terminate())
+    janitor.sweep(net.pooler)
+    net.clock.advance(11)
+    janitor.sweep(net.pooler)  # server_idle_timeout closes the server
+    assert server.closed().endswith(m.terminate())
+    janitor.sweep(net.pooler)  # unused from now on
+    assert ("app", "app") in net.pooler.pools
+    net.clock.advance(31)
+    janitor.sweep(net.pooler)
+    assert ("app", "app") not in net.pooler.pools
+    again = net.connect()
+    again.send(m.query("SELECT 1"))
+    (fresh,) = net.open_servers()
+    assert m.query("SELECT 1") in fresh.take() and again.state is ClientState.ACTIVE
+
+
+def test_a_removed_databases_pool_closes_once_its_last_client_leaves(
+        fake_pooler: Any) -> None:
+    net = fake_pooler()
+    client, server = net.client_with_server()
+    net.pool().removed = True  # what a reload without the database does (pooler/lifecycle.py)
+    janitor.sweep(net.pooler)
+    assert not server.transport.closed, "its client may still need it"
+    client.send(m.terminate())
+    janitor.sweep(net.pooler)
+    assert server.closed() == m.terminate()
+    assert ("app", "app") not in net.pooler.pools
+
+
+def test_a_users_query_timeout_of_zero_turns_it_off_for_that_user(fake_pooler: Any) -> None:
+    net = fake_pooler(query_timeout=3, query_wait_timeout=0, query_wait_notify=0,
+                      users={"app": UserEntry(name="app", query_timeout=0)})
+    busy, waiter, _ = waiting_client(net)
+    net.clock.advance(10)
+    janitor.sweep(net.pooler)
+    assert waiter.state is ClientState.WAITING and busy.state is ClientState.ACTIVE
+    assert "query_timeout" not in net.pool().stats.errors
