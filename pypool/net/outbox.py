@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from ..core.states import ClientState
+from ..protocol.errors import PoolerError
 from . import link_ends
 
 if TYPE_CHECKING:
@@ -126,7 +127,14 @@ def carry_on(client: ClientRecord) -> None:
     again if `hold_back` had stopped that and nothing else still has to."""
     reader = client.reader
     if reader.partial:
-        client.relay(reader.take_partial())
+        try:
+            client.relay(reader.take_partial())
+        except PoolerError as exc:
+            # A malformed message among them: what came before it went on; the client is
+            # dropped, not from here (this may run inside the server's relay), as in
+            # rewrite_whole.
+            client.pooler.loop.call_soon(client.fail, exc)
+            return
     server = client.server
     if (client._reading_paused and not reader.blocked
             and client.state is not ClientState.CLOSED

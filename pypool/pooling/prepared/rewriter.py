@@ -264,7 +264,9 @@ class ServerStatements:
             if kind != m.SYNC:
                 return b""
             requests.discarding = False
-        if kind == m.QUERY and data[pos + 5] not in SQL_FIRST:  # the simple protocol's hot path
+        # The simple protocol's hot path. A Query with no text (a body of its NUL or less:
+        # PostgreSQL answers it) is no SQL-level command either.
+        if kind == m.QUERY and (end - pos < 7 or data[pos + 5] not in SQL_FIRST):
             self.open_neutral = False
             # Looked at only if the pooler asks (`neutral_tail`): most Queries never are.
             self.last_neutral = None
@@ -391,7 +393,7 @@ class ServerStatements:
         if kind == m.CLOSE:
             return self._close(data, pos, end)
         if kind == m.QUERY:
-            if data[pos + 5] in SQL_FIRST:
+            if end - pos >= 7 and data[pos + 5] in SQL_FIRST:  # as in from_client
                 return self.sql.query(self.client, data, pos, end)
             self.requests.push(PLAIN_QUERY)
             return None

@@ -228,7 +228,9 @@ def classify(text: bytes, start: int = 0) -> list[Command]:
 def _setting(word: bytes) -> bytes:
     """A setting's name as a record key: folded, quotes taken off."""
     if word[:1] == b'"':
-        return word[1:-1].replace(b'""', b'"').lower()
+        # A lone quote (a name left open) is no name; never word[1:-1] of one byte, a
+        # slice that ends before it starts, which compiled code refuses (SystemError).
+        return word[1:-1].replace(b'""', b'"').lower() if len(word) > 1 else b""
     return word
 
 

@@ -1,0 +1,244 @@
+"""Hostile bytes from a logged-in client, over fake transports (tests/net/fakes.py), checked
+with hypothesis: extended-protocol messages whose bodies are cut short, padded, or carry
+counts and lengths that lie, and statement texts cut apart, in any split, with prepared
+statements rewritten and the session-state look on. PostgreSQL either answers nothing or
+refuses every request (RefusingServer), so the rewriting's error paths run too.
+
+Whatever arrives, nothing but the pooler's own error handling answers it: no exception
+leaves a connection's data_received (the fakes call it directly, so one would fail the
+test; on uvloop it would close the connection with a traceback and no ErrorResponse),
+every error the client gets carries a SQLSTATE, the pool's books stay in step after every
+read (`assert_idle_in_step`), and when the client leaves, its server is either idle with
+nothing owed or closed. This runs against the compiled modules when they are built: there
+a bytes slice that ends before it starts raises SystemError where Python returns b"", so
+the same bytes can take another path than in Python (tests/integration/test_fuzz_session.py
+sends such traffic to a real PostgreSQL; this reaches more bodies per second).
+PYPOOL_HOSTILE_EXAMPLES sets how many sequences one run tries (300 by default).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pypool.core.states import ClientState, ServerState
+from pypool.protocol import messages as m
+from tests.net.fakes import FakePooler, errors_in, make_settings, query_texts
+
+pytestmark = pytest.mark.timeout(120)
+
+# A longer campaign: PYPOOL_HOSTILE_EXAMPLES=20000 (and pytest's --hypothesis-seed).
+PROPERTY = settings(max_examples=int(os.environ.get("PYPOOL_HOSTILE_EXAMPLES", "300")),
+                    deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+names = st.sampled_from([b"", b"s1", b"s2", b"PYPOOL_1", b"p", b"x" * 70])
+texts = st.sampled_from([b"SELECT 1", b"SELECT $1::int", b"SET search_path = a",
+                         b"PREPARE q AS SELECT 1", b"EXECUTE q", b"DEALLOCATE ALL",
+                         b"DISCARD ALL", b"LISTEN ch", b"BEGIN", b"COMMIT", b"",
+                         b"select pg_advisory_lock(1); prepare z as select 1",
+                         b"/* c */ SET LOCAL x = 1", b"-- only a comment"])
+# Pieces of the statements the session-state look and the SQL-level PREPARE parser read,
+# joined in any order: quotes, comments and dollar quotes left open, keywords cut apart.
+TOKENS = [b"SET", b"set", b" ", b"LOCAL", b"SESSION", b"x", b"=", b"'", b'"', b"$$", b"$a$",
+          b"--", b"/*", b"*/", b";", b"TO", b"DEFAULT", b"PREPARE", b"AS", b"EXECUTE", b"(",
+          b")", b"DEALLOCATE", b"ALL", b"DISCARD", b"LISTEN", b"UNLISTEN", b"*", b"LOAD",
+          b"RESET", b"ROLE", b"AUTHORIZATION", b"\\", b"E'", b"pg_advisory_lock",
+          b"set_config", b"CREATE", b"TEMP", b"TABLE", b"DECLARE", b"CURSOR", b"WITH HOLD",
+          b"CLOSE", b"BEGIN", b"COMMIT", b"SELECT", b"\n", b"1", b",", b"TRANSACTION",
+          b"ON COMMIT DROP", b"LOCK", b"NOTIFY", b"DO", b"\x00"]
+texts = st.one_of(texts, st.lists(st.sampled_from(TOKENS), max_size=12).map(b"".join))
+int16 = st.sampled_from([-1, 0, 1, 2, 3, 32767, -32768])
+int32 = st.sampled_from([-2, -1, 0, 1, 4, 100, 2**31 - 1])
+
+
+def i16(value: int) -> bytes:
+    return struct.pack("!h", value)
+
+
+def i32(value: int) -> bytes:
+    return struct.pack("!i", value)
+
+
+@st.composite
+def parse_body(draw: Any) -> bytes:
+    count = draw(int16)
+    types = b"".join(i32(draw(int32)) for _ in range(draw(st.integers(0, 3))))
+    return draw(names) + b"\x00" + draw(texts) + b"\x00" + i16(count) + types
+
+
+@st.composite
+def bind_body(draw: Any) -> bytes:
+    body = draw(names) + b"\x00" + draw(names) + b"\x00"
+    body += i16(draw(int16)) + b"".join(i16(draw(int16)) for _ in range(draw(st.integers(0, 2))))
+    body += i16(draw(int16))
+    for _ in range(draw(st.integers(0, 3))):
+        length = draw(int32)
+        body += i32(length) + draw(st.binary(max_size=8))
+    return body + i16(draw(int16)) + b"".join(
+        i16(draw(int16)) for _ in range(draw(st.integers(0, 2))))
+
+
+@st.composite
+def describe_body(draw: Any) -> bytes:
+    target = draw(st.sampled_from([b"S", b"P", b"Z", b""]))
+    return target + draw(names) + draw(st.sampled_from([b"\x00", b""]))
+
+
+@st.composite
+def message(draw: Any) -> bytes:
+    kind = draw(st.sampled_from("PPBBDDCESSHQQFdcf"))
+    if kind == "P":
+        body = draw(parse_body())
+    elif kind == "B":
+        body = draw(bind_body())
+    elif kind in "DC":
+        body = draw(describe_body())
+    elif kind == "E":
+        body = draw(names) + b"\x00" + i32(draw(int32))
+    elif kind == "Q":
+        body = draw(texts) + draw(st.sampled_from([b"\x00", b"", b"\x00\x00"]))
+    else:
+        body = draw(st.binary(max_size=12)) if kind in "Fdf" else b""
+    mutation = draw(st.sampled_from(["none", "none", "cut", "pad", "flip"]))
+    if mutation == "cut" and body:
+        body = body[:draw(st.integers(0, len(body) - 1))]
+    elif mutation == "pad":
+        body += draw(st.binary(min_size=1, max_size=6))
+    elif mutation == "flip" and body:
+        at = draw(st.integers(0, len(body) - 1))
+        body = body[:at] + bytes([draw(st.integers(0, 255))]) + body[at + 1:]
+    return m.message(ord(kind), body)
+
+
+@PROPERTY
+@given(st.lists(message(), min_size=1, max_size=12), st.data())
+def test_hostile_messages_get_errors_never_exceptions(
+        messages: list[bytes], data: st.DataObject) -> None:
+    fake = FakePooler(make_settings(max_prepared_statements=20, session_state="follow"))
+    try:
+        _exchange(fake, messages, data)
+    finally:
+        fake.close()
+
+
+class RefusingServer:
+    """PostgreSQL refusing everything: each extended-protocol request fails and what
+    follows it up to the Sync is skipped, each Query and FunctionCall fails, each Sync not
+    skipped to is answered; CopyData, CopyDone and CopyFail are ignored outside a COPY, as
+    PostgreSQL does. Reads the pooler's bytes as they come, whole messages only."""
+
+    ERROR = m.error_response("refused", "42501")
+
+    def __init__(self) -> None:
+        self.pending = b""
+        self.skipping = False
+
+    def answer(self, received: bytes) -> bytes:
+        self.pending += received
+        out = []
+        pos, data = 0, self.pending
+        while len(data) - pos >= 5:
+            end = pos + 1 + int.from_bytes(data[pos + 1:pos + 5], "big")
+            if end > len(data):
+                break
+            kind = chr(data[pos])
+            pos = end
+            if self.skipping:
+                if kind == "S":
+                    self.skipping = False
+                    out.append(m.ready_for_query())
+            elif kind in "PBDEC":
+                self.skipping = True
+                out.append(self.ERROR)
+            elif kind == "S":
+                out.append(m.ready_for_query())
+            elif kind in "QF":
+                out.append(self.ERROR + m.ready_for_query())
+        self.pending = data[pos:]
+        return b"".join(out)
+
+
+def _exchange(fake: FakePooler, messages: list[bytes], data: st.DataObject) -> None:
+    client, server = fake.client_with_server()
+    postgres = RefusingServer()
+    answers = data.draw(st.booleans())  # PostgreSQL answers, or nothing comes back
+    stream = b"".join(messages)
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(stream) - 1)),
+                                          max_size=4))))
+    start = 0
+    for cut in [*cuts, len(stream)]:
+        if cut > start and not client.transport.closed:
+            client.send(stream[start:cut])  # raises if anything escapes data_received
+            fake.run_callbacks()  # a client dropped from inside a relay is, next
+        start = max(start, cut)
+        for _ in range(4 if answers else 0):  # what the pooler sends in turn, answered
+            reply = postgres.answer(server.take())
+            if not reply or server.transport.closed:
+                break
+            server.send(reply)
+            fake.run_callbacks()
+    for error in errors_in(client.take()):
+        assert error.get("C") and error.get("S") in ("ERROR", "FATAL"), error
+    server.take()
+    if not client.transport.closed:
+        client.leave()
+    assert server.transport.closed or (
+        server.state is ServerState.IDLE and server.conn.client is None), \
+        "a server left with something owed is closed, never kept"
+
+
+# --- what the property found, kept as plain cases ------------------------------------------
+
+
+def test_a_query_with_no_text_before_a_parse_goes_to_postgresql(fake_pooler: Any) -> None:
+    """A Query of four bytes (no text, no NUL) is PostgreSQL's to refuse ("invalid string
+    in message"); compiled, reading the text of the Parse after it as a SQL-level command
+    once raised SystemError."""
+    net = fake_pooler(max_prepared_statements=20)
+    client, server = net.client_with_server()
+    empty_query = m.message(m.QUERY, b"")
+    parse = m.message(m.PARSE, b"\x00SELECT 1\x00\x00\x00")
+    client.send(empty_query + parse + m.sync())
+    assert server.take() == empty_query + parse + m.sync()
+    server.send(m.error_response("invalid string in message", "08P01") + m.ready_for_query()
+                + m.parse_complete() + m.ready_for_query())
+    received = client.take()
+    assert [e["C"] for e in errors_in(received)] == ["08P01"] and received.endswith(
+        m.parse_complete() + m.ready_for_query())
+
+
+def test_a_set_of_a_lone_quote_goes_to_postgresql(fake_pooler: Any) -> None:
+    """SET followed by an unclosed quoted name: the session-state look reads no setting
+    (compiled, it once raised SystemError on the one-byte name)."""
+    net = fake_pooler()
+    client, server = net.client_with_server()
+    client.send(m.query('SET "'))
+    assert server.take() == m.query('SET "')
+    server.send(m.error_response("unterminated quoted identifier", "42601")
+                + m.ready_for_query())
+    assert [e["C"] for e in errors_in(client.take())] == ["42601"]
+    assert server.state is ServerState.IDLE
+
+
+def test_a_malformed_message_held_behind_a_set_drops_only_its_client(fake_pooler: Any) -> None:
+    """What a client sends while the pooler's SET for it runs waits; a malformed message
+    in it is found when the SET's reply lets it go, inside the server's read. The client
+    gets the error and goes; the server, its query sent, closes (it never reached the
+    server's data_received as an exception)."""
+    net = fake_pooler()
+    client, server = net.client_with_server(TimeZone="Europe/Paris")
+    client.send(m.query("SELECT 1"))
+    assert "Europe/Paris" in query_texts(server.take())[0]
+    client.send(m.message(m.PARSE, b""))  # no name, no text: malformed
+    server.send(m.command_complete("SET") + m.ready_for_query())
+    net.run_callbacks()
+    (error,) = errors_in(client.take())
+    assert (error["S"], error["C"]) == ("FATAL", "08P01") and "malformed" in error["M"]
+    assert client.state is ClientState.CLOSED
+    assert server.closed().endswith(m.terminate()), "its query's replies are still owed"
