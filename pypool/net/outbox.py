@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from ..core.states import ClientState
+from ..pooling.prepared import Tracking
 from ..protocol.errors import PoolerError
 from . import link_ends
 
@@ -91,6 +92,19 @@ def rewrite_whole(client: ClientRecord, st: ServerStatements, data: bytes,
     return out
 
 
+def answer_own(client: ClientRecord, server: ServerRecord) -> None:
+    """The replies the pooler makes itself that are now at the head of the server's queue
+    (a CloseComplete for a statement only the pooler knew: pooling/prepared/) go to the
+    client in their turn, as `client.relay` has them go after what a linked client sends.
+    Called once what the client kept is sent: no reply of the server's would carry them (a
+    Close and a Flush kept while the client had no server: the server answers a Flush with
+    nothing)."""
+    requests = server.statements.requests
+    if (requests.tracking == Tracking.SYNTHETIC and server.client is client
+            and server.at_message_boundary()):
+        client.write(requests.emit_synthetic())
+
+
 def resume_rewriting(client: ClientRecord) -> None:
     """The reply a WAIT depended on has come (or the server was released): carry on
     with what the client sent meanwhile."""
@@ -109,6 +123,7 @@ def resume_rewriting(client: ClientRecord) -> None:
                 server.send(out)
             if reader.blocked:
                 return
+            answer_own(client, server)
         else:
             client.forward(held)
     carry_on(client)

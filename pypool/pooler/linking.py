@@ -190,6 +190,7 @@ def _send_outbox(pooler: Pooler, client: ClientRecord, server: ServerRecord) -> 
             pipeline.extend(pooler, server, data)
             return
         server.send(data)
+    outbox.answer_own(client, server)
 
 
 def release(pooler: Pooler, client: ClientRecord, now: float = 0.0,
