@@ -23,7 +23,7 @@ import struct
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from pypool.core.states import ClientState, ServerState
@@ -43,7 +43,8 @@ texts = st.sampled_from([b"SELECT 1", b"SELECT $1::int", b"SET search_path = a",
                          b"PREPARE q AS SELECT 1", b"EXECUTE q", b"DEALLOCATE ALL",
                          b"DISCARD ALL", b"LISTEN ch", b"BEGIN", b"COMMIT", b"",
                          b"select pg_advisory_lock(1); prepare z as select 1",
-                         b"/* c */ SET LOCAL x = 1", b"-- only a comment"])
+                         b"/* c */ SET LOCAL x = 1", b"-- only a comment",
+                         b"COPY t FROM STDIN", b"ROLLBACK"])
 # Pieces of the statements the session-state look and the SQL-level PREPARE parser read,
 # joined in any order: quotes, comments and dollar quotes left open, keywords cut apart.
 TOKENS = [b"SET", b"set", b" ", b"LOCAL", b"SESSION", b"x", b"=", b"'", b'"', b"$$", b"$a$",
@@ -276,6 +277,9 @@ def test_through_the_pooler_a_client_gets_what_postgresql_would_answer(
     Sync or Flush that would have sent it), unless the pooler itself refused a message it
     could not read (then the client has its FATAL error and nothing more is compared)."""
     stream = b"".join(messages)
+    # Not a COPY: what a client sends during one other than its data is a protocol error
+    # the pooler answers apart (its ledger doubts, and the server is closed), not as here.
+    assume(b"COPY" not in stream)
     direct = Backend()
     expected = replies(direct.feed(stream))
     # Answered but not flushed yet (no Sync or Flush after it): a reply the pooler makes
