@@ -174,18 +174,21 @@ async def serve(settings: Settings, unix: UnixSocket | None = None,
 
             pooler.worker_index, pooler.worker_count, pooler.worker_parent = worker
             siblings = await peers.listen_for_siblings(pooler)
+        # Before the first socket listens: a SIGTERM that comes as soon as a client can
+        # connect (a supervisor's, a test's) must find the handler, not the default that
+        # kills the process and leaves its unix socket and lock behind. One during the
+        # start-up itself shuts down what is up so far; `stopped` is then done.
+        pooler.install_signals()
         await pooler.start()
         if taken is not None:  # its clients come once the old process has paused them
             from .pooler import takeover
 
             pooler.spawn(takeover.finish(pooler, taken))
-        if listening is not None:
+        if listening is not None and not pooler.shutting_down:
             listening()
-        pooler.install_signals()
         # What start-up made (modules, settings, tables) lives as long as the process: out
         # of the collector's generations, no collection walks it again (each login's and
-        # each idle client's objects would otherwise make the full ones walk it all). After
-        # the signal handlers: a SIGTERM right after listening must not find the default.
+        # each idle client's objects would otherwise make the full ones walk it all).
         gc.collect()
         gc.freeze()
         await pooler.stopped
