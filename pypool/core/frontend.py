@@ -225,6 +225,8 @@ class RequestReader:
                 self.error = PoolerError("extended query protocol not supported by admin console")
                 return b""
             pos += size
+        if st is not None and st.requests.skipped:
+            ledger.skipped(st.requests)  # Queries dropped in the skip after an error
         return self._finish(data, pos, parts, start, done, was_idle)
 
     def _watched(self, kind: int, data: bytes, pos: int, n: int, size: int,
@@ -445,6 +447,8 @@ class RequestReader:
                     parts.append(out)  # type: ignore[arg-type]
                     start = end
             pos = end
+        if st.requests.skipped:
+            self.ledger.skipped(st.requests)  # Queries dropped in the skip after an error
         if not parts:
             return data[:n]
         parts.append(data[start:n])

@@ -30,6 +30,13 @@ that this ledger exists to get right: COPY FROM STDIN.
   message sent during copy-in (it makes the COPY fail, and what follows it is answered).
   A Sync before any CopyData and any other message is surely ignored.
 
+- An extended-protocol error makes PostgreSQL skip everything up to the next Sync, a simple
+  Query or FunctionCall sent in between too: no ReadyForQuery answers those. Only the
+  server's prepared-statement queue can tell which error was such an error (it knows what
+  each reply answers), so it counts the Queries it sees skipped and they are struck here
+  (`skipped`). With no queue (prepared statements not rewritten) such a Query stays owed:
+  the server stays with its client, and is closed, never handed on, when it leaves.
+
 The ledger never decides alone: `ready()` says whether the client is owed nothing more, and
 the caller releases the server only then, on a ReadyForQuery with status `I`.
 """
@@ -69,6 +76,8 @@ COPY_IN: Final = 1  # the server reads the client's CopyData (CopyInResponse, Co
 COPY_OUT: Final = 2  # the server sends CopyData (CopyOutResponse) until its CopyDone
 
 _SYNC: Final = m.SYNC
+_QUERY: Final = m.QUERY
+_FUNCTION_CALL: Final = m.FUNCTION_CALL
 _COPY_DONE: Final = m.COPY_DONE
 _COPY_FAIL: Final = m.COPY_FAIL
 
@@ -215,6 +224,28 @@ class FrontendLedger:
             self.copy = COPY_IN
             self.syncs_in_copy = 0
         return struck
+
+    def skipped(self, queue: RequestQueue) -> None:
+        """The server's prepared-statement `queue` found Queries or FunctionCalls that
+        PostgreSQL skips (sent after an extended-protocol error, before its Sync): no
+        ReadyForQuery answers them, so they are struck here, oldest first, in the same step.
+        They are the oldest requests owed (everything before the failed segment was
+        answered); finding a Sync first means the two disagree: doubtful."""
+        count, queue.skipped = queue.skipped, 0
+        kept: list[int] = []
+        for entry in self.owed:
+            if count:
+                if entry == _QUERY or entry == _FUNCTION_CALL:
+                    count -= 1
+                    self.pending -= 1
+                    continue
+                if entry == _SYNC:
+                    count = -1  # a Sync before them: the queue and this ledger disagree
+            kept.append(entry)
+        self.first = kept[0] if kept else 0
+        self.later = deque(kept[1:]) if len(kept) > 1 else None
+        if count:
+            self.doubtful = True
 
     def copy_failed(self) -> None:
         """An ErrorResponse: if the server was in copy-in, it left copy-in there."""

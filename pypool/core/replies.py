@@ -300,6 +300,11 @@ class ReplyReader:
                 frontend.copy_started(kind, rq)
             body = b""
         verdict = rq.reply(kind, body)
+        if rq.skipped:  # an error made PostgreSQL skip Queries: the ledger strikes them too
+            if self.frontend is not None:
+                self.frontend.skipped(rq)
+            else:
+                rq.skipped = 0
         if not verdict and not rq.to_client:
             return sent
         if verdict == prepared.READY:

@@ -219,7 +219,7 @@ class Link:
 
 
 STEP = hs.sampled_from(["query", "unnamed", "named", "named-fail", "copy-simple",
-                        "copy-unnamed", "copy-named", "close"])
+                        "copy-unnamed", "copy-named", "close", "query-inside"])
 
 
 def step_messages(step: str, name: int, rows: int, fail: bool, known: set[str]) -> bytes:
@@ -233,6 +233,13 @@ def step_messages(step: str, name: int, rows: int, fail: bool, known: set[str]) 
     if step == "close":
         known.discard(stmt)
         return msg(b"C", b"S" + stmt.encode() + b"\x00") + SYNC
+    if step == "query-inside":
+        # A simple Query inside an extended segment: answered if the segment did not fail
+        # before it, skipped (no ReadyForQuery) if it did.
+        stmt = f"{stmt}inside{'-fail' if fail else ''}"
+        head = (b"" if stmt in known else parse(stmt, "SELECT FAIL" if fail else "SELECT 1"))
+        known.add(stmt)
+        return head + bind(stmt) + EXECUTE + msg(b"Q", b"SELECT 1\x00") + SYNC
     if step in ("unnamed", "copy-unnamed"):
         sql = "COPY t FROM STDIN" if step == "copy-unnamed" else "SELECT 1"
         head = parse("", sql) + bind("")

@@ -484,6 +484,28 @@ def test_cancel_reaches_the_right_server(pooler: Callable) -> None:
         assert other.execute("SELECT 'untouched'").fetchone() == ("untouched",)
 
 
+def test_a_query_skipped_after_an_extended_error_holds_no_server(pooler: Callable) -> None:
+    """A Query sent inside an extended-protocol segment that failed before it: PostgreSQL
+    skips it, no ReadyForQuery answers it. With one server, another client gets that
+    server at once (when the ledger still owed the Query's reply, the first client kept it
+    and the second failed with query_wait_timeout)."""
+    p = pooler({"auth_type": "trust", "default_pool_size": "1", "query_wait_timeout": "3",
+                "max_prepared_statements": "20"})
+    bad_parse = m.message(m.PARSE, b"s1\x00SELECT 1/\x00\x00\x00")  # a syntax error
+    with RawClient(p.host, p.port) as first, RawClient(p.host, p.port) as second:
+        assert first.login("app", "app").error is None
+        assert second.login("app", "app").error is None
+        # The Query in the same segment, and one sent after the error is back.
+        first.send(bad_parse + m.query("SELECT 'skipped'") + m.sync())
+        assert [chr(k) for k, _ in first.read_until(m.READY_FOR_QUERY)] == ["E", "Z"]
+        first.send(bad_parse + m.message(m.FLUSH, b""))
+        assert [chr(k) for k, _ in first.read_until(m.ERROR_RESPONSE)] == ["E"]
+        first.send(m.query("SELECT 'dropped'") + m.sync())
+        assert [chr(k) for k, _ in first.read_until(m.READY_FOR_QUERY)] == ["Z"]
+        assert second.simple_query("SELECT 'second'")[0] == [["second"]]
+        assert first.simple_query("SELECT 'first'")[0] == [["first"]]
+
+
 def test_startup_and_query_in_one_packet(pooler: Callable) -> None:
     """A client that does not wait for ReadyForQuery before its first query."""
     p = pooler({"auth_type": "trust"})

@@ -321,14 +321,12 @@ def test_a_close_and_flush_sent_without_a_server_get_their_close_complete(
     assert client.take() == m.message(ord("3"))
 
 
-@pytest.mark.xfail(strict=True, reason="known: the ledger still owes the skipped Query's "
-                   "ReadyForQuery, so the server stays linked until the client leaves")
 def test_a_query_inside_a_segment_that_failed_before_it_owes_nothing(
         fake_pooler: Any) -> None:
     """PostgreSQL skips everything up to the Sync after an extended-protocol error, a Query
     in between too: no ReadyForQuery answers it. The client is owed nothing after the
-    Sync's, and its server goes back. (Safe as it is: the server is held, never handed on,
-    and closed when the client leaves; what is lost is a pool slot.)"""
+    Sync's, and its server goes back. (Found by the referee property: the ledger still
+    owed the Query's ReadyForQuery, so the server stayed with the client until it left.)"""
     net = fake_pooler(max_prepared_statements=20)
     client, server = net.client_with_server()
     backend = Backend()
@@ -339,6 +337,23 @@ def test_a_query_inside_a_segment_that_failed_before_it_owes_nothing(
         if reply:
             server.send(reply)
     assert replies(client.take()) == ["E08P01", "Z"]
+    assert server.state is ServerState.IDLE and client.state is ClientState.IDLE
+
+
+def test_a_query_sent_after_the_error_came_owes_nothing(fake_pooler: Any) -> None:
+    """The same when the error is already back: a Flush brings it before the client sends
+    its Query and Sync. The pooler drops the Query (PostgreSQL would skip it) and the
+    ledger must not count it."""
+    net = fake_pooler(max_prepared_statements=20)
+    client, server = net.client_with_server()
+    backend = Backend()
+    bad_parse = m.message(m.PARSE, b"\x00SELECT 1\x00\xff\xff\x00\x00\x00\x00")
+    client.send(bad_parse + m.message(m.FLUSH, b""))
+    server.send(backend.feed(server.take()))
+    assert replies(client.take()) == ["E08P01"]
+    client.send(m.query("SELECT 2") + m.sync())
+    server.send(backend.feed(server.take()))
+    assert replies(client.take()) == ["Z"]
     assert server.state is ServerState.IDLE and client.state is ClientState.IDLE
 
 

@@ -75,6 +75,10 @@ class RequestQueue:
         # A server error came before the client's Sync: the server skips the client's
         # messages up to it, so they are dropped here (and not queued) until then.
         self.discarding = False
+        # Queries and FunctionCalls that an error made PostgreSQL skip (no ReadyForQuery
+        # answers them): struck from the client's ledger by whoever holds both
+        # (FrontendLedger.skipped), so the two never count different requests.
+        self.skipped = 0
         # Whether the segment still open (no Sync yet) has requests whose replies need more
         # than forwarding; if not, its Sync stands in for all of them (`fold`).
         self.open_fine = False
@@ -335,6 +339,7 @@ class RequestQueue:
             request = queue.popleft()
             if request.wait >= Wait.SYNC:
                 self.readies_done += 1  # a Query after the error: skipped, no ReadyForQuery
+                self.skipped += 1
             skipped.append(request)
         if not queue:
             self.discarding = True  # the client's Sync is still to come
@@ -381,6 +386,7 @@ class RequestQueue:
         self.discarding = False
         self.blocked = False
         self.readies_queued = self.readies_done = 0
+        self.skipped = 0
         self.undoable = None
         self.to_client = None
 
@@ -397,7 +403,7 @@ class RequestQueue:
         owned = [request.stmt for request in self.queue
                  if request.op in (Op.EVICT, Op.CLOSE) and request.stmt is not None]
         self.queue.clear()
-        self.readies_queued = self.readies_done = 0
+        self.readies_queued = self.readies_done = self.skipped = 0
         self.tracking = Tracking.HOT
         return owned
 

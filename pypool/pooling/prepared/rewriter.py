@@ -270,6 +270,8 @@ class ServerStatements:
         requests = self.requests
         if requests.discarding:
             if kind != m.SYNC:
+                if kind == m.QUERY or kind == m.FUNCTION_CALL:
+                    requests.skipped += 1  # PostgreSQL would skip it: no ReadyForQuery
                 return b""
             requests.discarding = False
         # The simple protocol's hot path. A Query with no text (a body of its NUL or less:
