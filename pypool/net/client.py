@@ -24,7 +24,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..core.states import ClientEvent, ClientState, client_transition
-from ..pooling.prepared import Tracking
 from ..protocol import errors
 from ..protocol import messages as m
 from ..protocol.errors import PoolerError
@@ -195,9 +194,8 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
             self.forward(out)
             if st is not None and server is not None:
                 pipeline.sent(self, server, st)  # waiting clients may queue behind it
-        if (st is not None and st.requests.tracking == Tracking.SYNTHETIC and server is not None
-                and server.client is self and server.at_message_boundary()):
-            self.write(st.requests.emit_synthetic())  # replies the pooler makes, in their turn
+        if st is not None and server is not None:
+            outbox.answer_own(self, server)  # replies the pooler makes, in their turn
         if reader.terminated:
             self.close("client sent Terminate")
         elif reader.error is not None:

@@ -95,10 +95,9 @@ def rewrite_whole(client: ClientRecord, st: ServerStatements, data: bytes,
 def answer_own(client: ClientRecord, server: ServerRecord) -> None:
     """The replies the pooler makes itself that are now at the head of the server's queue
     (a CloseComplete for a statement only the pooler knew: pooling/prepared/) go to the
-    client in their turn, as `client.relay` has them go after what a linked client sends.
-    Called once what the client kept is sent: no reply of the server's would carry them (a
-    Close and a Flush kept while the client had no server: the server answers a Flush with
-    nothing)."""
+    client in their turn. Called once what the client sent is sent (net/client.py `relay`,
+    and what it kept at a link or after a WAIT): no reply of the server's would carry them
+    (a Close and a Flush: the server answers a Flush with nothing)."""
     requests = server.statements.requests
     if (requests.tracking == Tracking.SYNTHETIC and server.client is client
             and server.at_message_boundary()):

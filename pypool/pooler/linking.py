@@ -188,8 +188,8 @@ def _send_outbox(pooler: Pooler, client: ClientRecord, server: ServerRecord) -> 
             # Sends data, then the waiting clients' behind it, or lists the server as
             # one whose line has room.
             pipeline.extend(pooler, server, data)
-            return
-        server.send(data)
+        else:
+            server.send(data)
     outbox.answer_own(client, server)
 
 

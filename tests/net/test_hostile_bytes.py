@@ -307,16 +307,24 @@ def test_through_the_pooler_a_client_gets_what_postgresql_would_answer(
     assert got[len(expected):] == unflushed[:len(got) - len(expected)]
 
 
+@pytest.mark.parametrize("pipeline_depth", [0, 4])
 def test_a_close_and_flush_sent_without_a_server_get_their_close_complete(
-        fake_pooler: Any) -> None:
+        fake_pooler: Any, pipeline_depth: int) -> None:
     """A Close of a statement only the pooler knows (answered by the pooler) and a Flush,
     from a client between transactions: the server answers the Flush with nothing, so the
     CloseComplete goes out once they are sent, not with the server's next reply, which
-    never comes (the property above found the client waiting forever)."""
-    net = fake_pooler(max_prepared_statements=20)
+    never comes (the property above found the client waiting forever). With pipelining on
+    too, where the kept messages go out as the head of a line (net/pipeline.py)."""
+    net = fake_pooler(max_prepared_statements=20, pipeline_depth=pipeline_depth)
     client, server = net.client_with_server()
+    backend = Backend()
+    client.send(m.query("SELECT 1"))  # a transaction that ends at its Sync: a line may form
+    net.run_callbacks()  # a line's writes go out on the loop's next turn
+    server.send(backend.feed(server.take()))
+    assert replies(client.take()) == ["C", "Z"]
     close = m.message(m.CLOSE, b"Ss1\x00")
     client.send(close + m.message(m.FLUSH))
+    net.run_callbacks()
     assert server.take() == m.message(m.FLUSH), "the Close is the pooler's to answer"
     assert client.take() == m.message(ord("3"))
 

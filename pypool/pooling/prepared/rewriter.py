@@ -61,7 +61,7 @@ from .requests import (
     parse_message,
     shown,
 )
-from .sql import SQL_FIRST, SqlNames
+from .sql import SqlNames, may_be_command
 
 if TYPE_CHECKING:
     from ..pipeline_guard import Guard
@@ -274,9 +274,8 @@ class ServerStatements:
                     requests.skipped += 1  # PostgreSQL would skip it: no ReadyForQuery
                 return b""
             requests.discarding = False
-        # The simple protocol's hot path. A Query with no text (a body of its NUL or less:
-        # PostgreSQL answers it) is no SQL-level command either.
-        if kind == m.QUERY and (end - pos < 7 or data[pos + 5] not in SQL_FIRST):
+        # The simple protocol's hot path.
+        if kind == m.QUERY and not may_be_command(data, pos, end):
             self.open_neutral = False
             # Looked at only if the pooler asks (`neutral_tail`): most Queries never are.
             self.last_neutral = None
@@ -402,11 +401,8 @@ class ServerStatements:
             self.last_neutral = False
         if kind == m.CLOSE:
             return self._close(data, pos, end)
-        if kind == m.QUERY:
-            if end - pos >= 7 and data[pos + 5] in SQL_FIRST:  # as in from_client
-                return self.sql.query(self.client, data, pos, end)
-            self.requests.push(PLAIN_QUERY)
-            return None
+        if kind == m.QUERY:  # one that `may_be_command` (the others stay in from_client)
+            return self.sql.query(self.client, data, pos, end)
         if kind == m.FUNCTION_CALL:
             self.requests.push(PLAIN_QUERY)
         return None  # Flush, CopyData, CopyDone, CopyFail: no reply of their own

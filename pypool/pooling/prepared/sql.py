@@ -48,6 +48,14 @@ if TYPE_CHECKING:
 # Only bytes that can start one of the four commands (or whitespace and comments before it)
 # send a Query down the slow path.
 SQL_FIRST: Final = frozenset(b"PpEeDd \t\r\n-/")
+
+
+def may_be_command(data: bytes, pos: int, end: int) -> bool:
+    """Whether the Query at data[pos:end] may be one of the four commands: its text (more
+    than its NUL: an empty Query is answered by PostgreSQL) starts with a byte of SQL_FIRST."""
+    return end - pos >= 7 and data[pos + 5] in SQL_FIRST
+
+
 _SQL_COMMAND: Final = re.compile(
     rb"(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)*(prepare|execute|deallocate|discard)\b", re.I | re.S
 )
