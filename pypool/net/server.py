@@ -141,6 +141,8 @@ class ServerConnection(ServerRecord, asyncio.Protocol):
                 client = self.client
                 if client is not None:
                     client.write(out)
+                elif self._fatal(out):
+                    return
             if event == replies.READY:
                 client = self.client
                 if client is not None:
@@ -160,6 +162,19 @@ class ServerConnection(ServerRecord, asyncio.Protocol):
             sender = self.chain[-1] if self.chain else self.client
             if sender is not None:
                 outbox.resume_rewriting(sender)
+
+    def _fatal(self, out: bytes) -> bool:
+        """Replies no client takes (an idle server's, or a server's whose client left) are
+        dropped. A FATAL among them says the backend is going (pg_terminate_backend, an
+        administrator's shutdown, idle_session_timeout): the server is closed now, so no
+        client is handed it before its end of file comes. True if closed."""
+        fields = m.fatal_error(out)
+        if fields is None:
+            return False
+        reason = f"server sent FATAL when not linked: {fields.get('M', '')}"
+        self.close(reason)
+        self.pooler.server_closed(self, reason)
+        return True
 
     def at_message_boundary(self) -> bool:
         """Whether the next byte from the server starts a message (nothing half-relayed)."""

@@ -216,6 +216,22 @@ def parse_error_fields(body: bytes | memoryview) -> dict[str, str]:
     return fields
 
 
+def fatal_error(data: bytes) -> dict[str, str] | None:
+    """The fields of the first ErrorResponse of severity FATAL or PANIC among the whole
+    backend messages in `data` (a part message at its end is not looked at), or None."""
+    pos, n = 0, len(data)
+    while n - pos >= 5:
+        end = pos + 1 + _INT32.unpack_from(data, pos + 1)[0]
+        if end > n or end < pos + 5:
+            break
+        if data[pos] == ERROR_RESPONSE:
+            fields = parse_error_fields(data[pos + 5 : end])
+            if fields.get("V", fields.get("S")) in ("FATAL", "PANIC"):
+                return fields
+        pos = end
+    return None
+
+
 def parse_data_row(body: bytes | memoryview) -> list[str | None]:
     """The column values of a DataRow body, as text (None for SQL NULL)."""
     raw = bytes(body)

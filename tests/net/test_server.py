@@ -55,6 +55,34 @@ def test_an_idle_server_that_dies_is_forgotten_and_replaced_when_needed(
     assert fresh.take() == m.query("SELECT 1")
 
 
+@pytest.mark.parametrize("severity", ["FATAL", "PANIC"])
+def test_an_idle_server_that_says_fatal_is_closed_before_its_end_of_file(
+        fake_pooler: Any, severity: str) -> None:
+    """pg_terminate_backend of an idle server: PostgreSQL sends FATAL 57P01, then exits
+    (its end of file can come milliseconds later). A client that asks in between gets a
+    new server, never that one (its query would meet "server conn crashed?")."""
+    net = fake_pooler()
+    client, server = net.client_with_server()
+    server.send(m.error_response("terminating connection due to administrator command",
+                                 "57P01", severity))
+    assert server.state is ServerState.CLOSED and server.transport.closed
+    assert net.pool().idle == [] and net.pool().server_count == 0
+    client.send(m.query("SELECT 1"))
+    assert client.state is ClientState.WAITING and client.take() == b""
+    (fresh,) = net.open_servers()
+    assert fresh.take() == m.query("SELECT 1")
+
+
+def test_an_idle_server_keeps_its_place_after_a_notice(fake_pooler: Any) -> None:
+    """Only a FATAL closes an idle server: a NoticeResponse or ParameterStatus it sends
+    (a reload) does not."""
+    net = fake_pooler()
+    client, server = net.client_with_server()
+    server.send(m.notice_response("note", "01000")
+                + m.error_response("not fatal", "XX000", "ERROR")[:5])  # and a part message
+    assert server.state is ServerState.IDLE and net.pool().server_count == 1
+
+
 def test_a_refused_login_gives_the_waiting_clients_the_servers_error(fake_pooler: Any) -> None:
     net = fake_pooler()
     client = net.connect()
