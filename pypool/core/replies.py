@@ -34,6 +34,7 @@ from ..pooling import prepared
 from ..pooling.params import ClientParams, covers, params_key
 from ..pooling.prepared import Op, Tracking
 from ..protocol import messages as m
+from ..protocol.errors import ServerProtocolError
 from ..protocol.framing import be32
 from .backend import APPLIED, FAILED, BackendLedger
 
@@ -158,6 +159,8 @@ class ReplyReader:
         while n - pos >= 5:
             kind = data[pos]
             end = pos + 1 + be32(data, pos + 1)
+            if end - pos < 5 or (kind == _READY_FOR_QUERY and end - pos != 6):
+                raise ServerProtocolError(_bad_message(kind, end - pos - 1))
             if _STREAMED[kind] and not rq.tracking and not hidden:
                 # BindComplete, RowDescription, DataRow, ...: nothing to act on.
                 if end > n:
@@ -209,7 +212,7 @@ class ReplyReader:
             elif kind == _COMMAND_COMPLETE:
                 if end > n:
                     break  # small: wait for all of it
-                if data[pos + 5] == 68:  # "D": DISCARD ALL, DEALLOCATE ALL drop statements
+                if end > pos + 5 and data[pos + 5] == 68:  # "D": DISCARD ALL, DEALLOCATE ALL
                     self.statements.command_tag(data[pos + 5 : end])
             elif kind in _COPY_RESPONSES:
                 if frontend is not None:
@@ -393,6 +396,15 @@ class ReplyReader:
         self._partial = b""
         self._first, self._rest = b"", None
         self.backend.reset()
+
+
+def _bad_message(kind: int, length: int) -> str:
+    """What a server message whose header says `length` bytes (the type byte not counted)
+    is, when no message of type `kind` can be that long: a server gone wrong or not
+    PostgreSQL, whose next bytes cannot be framed."""
+    if length < 4:
+        return f"bad pkt header: length {length}"
+    return f"bad ReadyForQuery: length {length}"
 
 
 __all__ = ["APPLIED", "DONE", "HIDDEN", "READY", "ReplyReader"]

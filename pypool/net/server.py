@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from ..core import replies
 from ..core.states import ServerEvent, ServerState, server_transition
 from ..protocol import messages as m
+from ..protocol.errors import ServerProtocolError
 from . import deferred_writes, hidden_queries, outbox
 from .records import ServerRecord
 from .server_login import ServerLogin
@@ -124,7 +125,13 @@ class ServerConnection(ServerRecord, asyncio.Protocol):
             self.pool.stats.bytes_sent += len(data)  # what goes on to clients, give or take
             if self.txlog is not None:
                 self.txlog.feed(data)
-            self._relay(data)
+            try:
+                self._relay(data)
+            except ServerProtocolError as exc:
+                # Bytes no PostgreSQL sends: nothing after them can be framed. The server
+                # goes; a client it served gets "server conn crashed?", as in PgBouncer.
+                log.warning("%r: %s", self, exc)
+                self._gone(str(exc))
         if trace is not None:
             trace.server_done(self)
 
@@ -171,10 +178,14 @@ class ServerConnection(ServerRecord, asyncio.Protocol):
         fields = m.fatal_error(out)
         if fields is None:
             return False
-        reason = f"server sent FATAL when not linked: {fields.get('M', '')}"
+        self._gone(f"server sent FATAL when not linked: {fields.get('M', '')}")
+        return True
+
+    def _gone(self, reason: str) -> None:
+        """Close now and tell the pooler at once, not at connection_lost: no client may be
+        handed this server meanwhile."""
         self.close(reason)
         self.pooler.server_closed(self, reason)
-        return True
 
     def at_message_boundary(self) -> bool:
         """Whether the next byte from the server starts a message (nothing half-relayed)."""

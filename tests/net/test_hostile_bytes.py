@@ -195,6 +195,74 @@ def _exchange(fake: FakePooler, messages: list[bytes], data: st.DataObject) -> N
         "a server left with something owed is closed, never kept"
 
 
+# --- hostile bytes from the server ---------------------------------------------------------
+
+ERROR_BODIES = [b"SERROR\x00VERROR\x00C42501\x00Mrefused\x00\x00",
+                b"SFATAL\x00VFATAL\x00C57P01\x00Mterminating\x00\x00", b"\x00", b"",
+                b"SERROR\x00C", b"C26000\x00M prepared statement \"s1\" does not exist\x00\x00"]
+
+
+@st.composite
+def server_message(draw: Any) -> bytes:
+    """A backend message of any type, its body typical or not, its length true or lying."""
+    kind = draw(st.sampled_from(b"123CDEINTZnstSKAGHWcdV"))
+    if kind == ord("Z"):
+        body = draw(st.sampled_from([b"I", b"T", b"E", b"X", b"", b"II"]))
+    elif kind in b"EN":
+        body = draw(st.sampled_from(ERROR_BODIES))
+    elif kind == ord("C"):
+        body = draw(st.sampled_from([b"SELECT 1\x00", b"DISCARD ALL\x00", b"D", b""]))
+    elif kind == ord("S"):
+        body = draw(st.sampled_from([b"TimeZone\x00UTC\x00", b"x\x00", b""]))
+    else:
+        body = draw(st.binary(max_size=12))
+    length = len(body) + 4
+    lie = draw(st.sampled_from(["none", "none", "none", "short", "long"]))
+    if lie == "short":
+        length = draw(st.integers(0, length - 1))
+    elif lie == "long":
+        length += draw(st.integers(1, 8))
+    return bytes([kind]) + struct.pack("!I", length) + body
+
+
+@PROPERTY
+@given(st.sampled_from([m.query("SELECT 1"), m.query("BEGIN"),
+                        m.message(m.PARSE, b"s1\x00SELECT 1\x00\x00\x00")
+                        + m.message(m.BIND, b"\x00s1\x00\x00\x00\x00\x00\x00\x00")
+                        + m.execute() + m.sync(),
+                        m.message(m.CLOSE, b"Ss1\x00") + m.sync()]),
+       st.lists(server_message(), min_size=1, max_size=10), st.sampled_from([0, 20]),
+       st.data())
+def test_hostile_server_bytes_never_escape(sent: bytes, messages: list[bytes],
+                                           rewriting: int, data: st.DataObject) -> None:
+    """Whatever a server sends a linked client's pooler, in any split: no exception leaves
+    data_received, and a server left with something owed is closed, never kept."""
+    fake = FakePooler(make_settings(max_prepared_statements=rewriting,
+                                    session_state="follow"))
+    try:
+        client, server = fake.client_with_server()
+        client.send(sent)
+        server.take()
+        stream = b"".join(messages)
+        cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(stream) - 1)),
+                                              max_size=4))))
+        start = 0
+        for cut in [*cuts, len(stream)]:
+            if cut > start and not server.transport.closed:
+                server.send(stream[start:cut])  # raises if anything escapes data_received
+                fake.run_callbacks()
+            start = max(start, cut)
+        client.take()
+        if not client.transport.closed:
+            client.leave()
+        fake.run_callbacks()
+        assert server.transport.closed or (
+            server.state is ServerState.IDLE and server.conn.client is None), \
+            "a server left with something owed is closed, never kept"
+    finally:
+        fake.close()
+
+
 # --- what the property found, kept as plain cases ------------------------------------------
 
 

@@ -83,6 +83,48 @@ def test_an_idle_server_keeps_its_place_after_a_notice(fake_pooler: Any) -> None
     assert server.state is ServerState.IDLE and net.pool().server_count == 1
 
 
+NAMED_SEGMENT = (m.message(m.PARSE, b"s1\x00SELECT 1\x00\x00\x00")
+                 + m.message(m.BIND, b"\x00s1\x00\x00\x00\x00\x00\x00\x00")
+                 + m.execute() + m.sync())
+
+
+@pytest.mark.parametrize("junk", [
+    b"E\x00\x00\x00\x00",  # lengths below 4: nothing after them can be framed
+    b"C\x00\x00\x00\x02",
+    b"D\x00\x00\x00\x03",
+    b"1\x00\x00\x00\x04" + b"\x00\x00\x00\x00\x00",
+    b"Z\x00\x00\x00\x04",  # a ReadyForQuery with no status
+    b"Z\x00\x00\x00\x06II",
+    b"Z\x7f\xff\xff\xff",  # one that would be waited for, 2 GiB of it
+])
+@pytest.mark.parametrize("request_", ["simple", "named"])
+def test_a_server_that_breaks_the_framing_goes_and_its_client_is_told(
+        fake_pooler: Any, junk: bytes, request_: str) -> None:
+    """Bytes no PostgreSQL sends (as PgBouncer's "bad pkt header"): the server is closed,
+    its client gets "server conn crashed?", nothing of the bad message reaches it, and no
+    exception leaves data_received (compiled, a slice of a message shorter than its header
+    raised SystemError). On the hot path and the tracked one (a statement to prepare)."""
+    net = fake_pooler(max_prepared_statements=20)
+    client, server = net.client_with_server()
+    client.send(m.query("SELECT 1") if request_ == "simple" else NAMED_SEGMENT)
+    server.take()
+    server.send(junk)  # FakeServer.send calls data_received: an exception fails the test
+    received = client.take()
+    (error,) = errors_in(received)
+    assert (error["S"], error["C"], error["M"]) == ("FATAL", "08P01", "server conn crashed?")
+    assert kinds(received) == "E" and client.state is ClientState.CLOSED
+    assert server.state is ServerState.CLOSED and server.transport.closed
+    assert net.pool().server_count == 0
+
+
+def test_an_idle_server_that_breaks_the_framing_goes(fake_pooler: Any) -> None:
+    net = fake_pooler()
+    client, server = net.client_with_server()
+    server.send(b"Z\x00\x00\x00\x00")
+    assert server.state is ServerState.CLOSED and net.pool().server_count == 0
+    assert client.state is ClientState.IDLE and client.take() == b""
+
+
 def test_a_refused_login_gives_the_waiting_clients_the_servers_error(fake_pooler: Any) -> None:
     net = fake_pooler()
     client = net.connect()
