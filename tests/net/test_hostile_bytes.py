@@ -166,19 +166,27 @@ class RefusingServer:
         return b"".join(out)
 
 
+def pieces(messages: list[bytes], data: st.DataObject) -> list[bytes]:
+    """The messages as one stream, cut at up to four places hypothesis chooses."""
+    stream = b"".join(messages)
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(stream) - 1)),
+                                          max_size=4))))
+    out, start = [], 0
+    for cut in [*cuts, len(stream)]:
+        if cut > start:
+            out.append(stream[start:cut])
+            start = cut
+    return out
+
+
 def _exchange(fake: FakePooler, messages: list[bytes], data: st.DataObject) -> None:
     client, server = fake.client_with_server()
     postgres = RefusingServer()
     answers = data.draw(st.booleans())  # PostgreSQL answers, or nothing comes back
-    stream = b"".join(messages)
-    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(stream) - 1)),
-                                          max_size=4))))
-    start = 0
-    for cut in [*cuts, len(stream)]:
-        if cut > start and not client.transport.closed:
-            client.send(stream[start:cut])  # raises if anything escapes data_received
+    for piece in pieces(messages, data):
+        if not client.transport.closed:
+            client.send(piece)  # raises if anything escapes data_received
             fake.run_callbacks()  # a client dropped from inside a relay is, next
-        start = max(start, cut)
         for _ in range(4 if answers else 0):  # what the pooler sends in turn, answered
             reply = postgres.answer(server.take())
             if not reply or server.transport.closed:
@@ -243,15 +251,10 @@ def test_hostile_server_bytes_never_escape(sent: bytes, messages: list[bytes],
         client, server = fake.client_with_server()
         client.send(sent)
         server.take()
-        stream = b"".join(messages)
-        cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(stream) - 1)),
-                                              max_size=4))))
-        start = 0
-        for cut in [*cuts, len(stream)]:
-            if cut > start and not server.transport.closed:
-                server.send(stream[start:cut])  # raises if anything escapes data_received
+        for piece in pieces(messages, data):
+            if not server.transport.closed:
+                server.send(piece)  # raises if anything escapes data_received
                 fake.run_callbacks()
-            start = max(start, cut)
         client.take()
         if not client.transport.closed:
             client.leave()
