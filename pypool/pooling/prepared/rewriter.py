@@ -112,12 +112,14 @@ def driver_segment(data: bytes) -> int:
     return bind_end if _runs_unnamed_portal(data, bind_end) else 0
 
 
-def _one_name(data: bytes, pos: int, end: int) -> bool:
-    """Whether the Describe or Close at data[pos:end] is its type byte and one name ended by
-    its NUL, as PostgreSQL reads it. One that is not goes to the server as it is: the
-    server's error (08P01) and its skip to the Sync are then PostgreSQL's own, where a
+def _names_statement(data: bytes, pos: int, end: int) -> bool:
+    """Whether the Describe or Close at data[pos:end] names a prepared statement as
+    PostgreSQL reads it: type "S", then one name, not empty, ended by its NUL. Any other (a
+    portal, the unnamed statement, a body PostgreSQL refuses) goes to the server as it is:
+    the server's error (08P01) and its skip to the Sync are then PostgreSQL's own, where a
     name read up to the last byte would describe or close another statement."""
-    return data[end - 1] == 0 and data.find(0, pos + 6, end) == end - 1
+    return (data[pos + 5] == _STATEMENT and end - pos > 7 and data[end - 1] == 0
+            and data.find(0, pos + 6, end) == end - 1)
 
 
 def unnamed_segment(data: bytes) -> bool:
@@ -541,8 +543,7 @@ class ServerStatements:
 
     def _describe(self, data: bytes, pos: int, end: int) -> bytes | Hold | None:
         requests = self.requests
-        # A portal, the unnamed statement, or a body PostgreSQL will refuse: as it is.
-        if data[pos + 5] != _STATEMENT or end - pos <= 7 or not _one_name(data, pos, end):
+        if not _names_statement(data, pos, end):
             requests.push(PLAIN_DESCRIBE)
             return None
         if requests.undoable and requests.must_wait():
@@ -563,8 +564,7 @@ class ServerStatements:
 
     def _close(self, data: bytes, pos: int, end: int) -> bytes | Hold | None:
         requests = self.requests
-        # A portal, the unnamed statement, or a body PostgreSQL will refuse: as it is.
-        if data[pos + 5] != _STATEMENT or end - pos <= 7 or not _one_name(data, pos, end):
+        if not _names_statement(data, pos, end):
             requests.push(PLAIN_CLOSE)
             return None
         if requests.undoable and requests.must_wait():
