@@ -10,6 +10,8 @@ import struct
 import sys
 from typing import Final
 
+from .framing import HEADER_SIZE, FramingError, header_at
+
 # Frontend (client to server) message types.
 BIND: Final[int] = ord("B")
 CLOSE: Final[int] = ord("C")
@@ -220,12 +222,16 @@ def fatal_error(data: bytes) -> dict[str, str] | None:
     """The fields of the first ErrorResponse of severity FATAL or PANIC among the whole
     backend messages in `data` (a part message at its end is not looked at), or None."""
     pos, n = 0, len(data)
-    while n - pos >= 5:
-        end = pos + 1 + _INT32.unpack_from(data, pos + 1)[0]
-        if end > n or end < pos + 5:
+    while n - pos >= HEADER_SIZE:
+        try:
+            kind, size = header_at(data, pos)
+        except FramingError:
             break
-        if data[pos] == ERROR_RESPONSE:
-            fields = parse_error_fields(data[pos + 5 : end])
+        end = pos + size
+        if end > n:
+            break
+        if kind == ERROR_RESPONSE:
+            fields = parse_error_fields(data[pos + HEADER_SIZE : end])
             if fields.get("V", fields.get("S")) in ("FATAL", "PANIC"):
                 return fields
         pos = end
