@@ -41,7 +41,6 @@ SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
 # [pgbouncer] keys with a field but no effect yet, and why: only their default is accepted.
 NOT_YET_IMPLEMENTED: dict[str, str] = {
-    "pkt_buf": "pypool sizes its buffers itself",
     "syslog": "pypool does not log to syslog; use logfile, or stderr under a log collector",
     "disable_pqexec": "pypool does not refuse the simple query protocol",
 }
@@ -56,6 +55,9 @@ NO_EFFECT: dict[str, str] = {
     "dns_max_ttl": "no DNS cache: every server connection resolves its host anew",
     "dns_nxdomain_ttl": "no DNS cache", "dns_zone_check_period": "no DNS cache",
     "resolv_conf": "the system resolver is used",
+    # A buffer size, not a limit (max_packet_size is): PgBouncer takes messages larger than
+    # it whole, so ignoring it changes no outcome. Many ini files set it.
+    "pkt_buf": "pypool sizes its buffers itself",
 }
 
 # Keys that only take effect at start (PgBouncer's CF_NO_RELOAD, plus pypool's listeners):

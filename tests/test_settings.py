@@ -591,12 +591,25 @@ def test_every_tls_key_accepts_its_default(tmp_path: Path) -> None:
 
 
 def test_unimplemented_keys_only_at_their_default(tmp_path: Path) -> None:
-    assert "pkt_buf" in NOT_YET_IMPLEMENTED
-    path = write_ini(tmp_path, "[pgbouncer]\npkt_buf = 8192\n")
+    assert "disable_pqexec" in NOT_YET_IMPLEMENTED
+    path = write_ini(tmp_path, "[pgbouncer]\ndisable_pqexec = 1\n")
     with pytest.raises(SettingsError) as info:
         load_ini(path)
-    assert str(info.value).startswith(f"{path}:2 [pgbouncer]: key pkt_buf is not supported yet")
-    assert load_ini(write_ini(tmp_path, "[pgbouncer]\npkt_buf = 4096\n")).pooler.pkt_buf == 4096
+    assert str(info.value).startswith(
+        f"{path}:2 [pgbouncer]: key disable_pqexec is not supported yet")
+    assert load_ini(write_ini(tmp_path, "[pgbouncer]\ndisable_pqexec = 0\n")).pooler
+
+
+@pytest.mark.parametrize("value", ["75", "4096", "65536"])
+def test_pkt_buf_is_accepted_at_any_size(tmp_path: Path, value: str,
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A buffer size in PgBouncer, not a limit (its own suite runs with 75): any positive
+    value loads, and one other than the default is logged as having no effect."""
+    with caplog.at_level(logging.WARNING, logger="pypool"):
+        got = load_ini(write_ini(tmp_path, f"[pgbouncer]\npkt_buf = {value}\n"))
+    assert got.pooler.pkt_buf == int(value)
+    assert ("pkt_buf = " + value + " has no effect in pypool" in caplog.text) is (
+        value != "4096")
 
 
 def test_keys_being_implemented_are_accepted(tmp_path: Path) -> None:

@@ -206,19 +206,28 @@ def _user_value(entry: UserEntry | None, key: str, default: float) -> float:
 
 def _forget_if_unused(pooler: Pooler, pool: Pool, now: float, timeout: float) -> bool:
     """pool_idle_timeout (PgBouncer 1.26): a pool with no client and no server for that
-    long is forgotten; the next client of its database and user makes it anew."""
-    if not pool.unused() or pool.limits.min_pool_size:
-        pool.unused_since = 0.0
+    long since a sweep last found it in use is forgotten; the next client of its database
+    and user makes it anew. As PgBouncer, a pool of a database with a forced user and a
+    min_pool_size is kept: the janitor opens its servers without any client."""
+    if not pool.unused():
+        pool.last_used = now
         return False
-    if not pool.unused_since:
-        pool.unused_since = now
-        return False
-    if now - pool.unused_since <= timeout:
+    if not pool.last_used:
+        pool.last_used = now
+    if now - pool.last_used <= timeout or (
+            pool.limits.min_pool_size and _forced_user(pooler, pool)):
         return False
     del pooler.pools[(pool.database, pool.user)]
-    log.info("pool %s/%s unused for %.0f s, forgotten (pool_idle_timeout)", pool.database,
-             pool.user, now - pool.unused_since)
+    # PgBouncer's words.
+    log.info("cleaning up idle pool for user %s on db %s because: pool idle timeout "
+             "(age= %ds)", pool.user, pool.database, int(now - pool.last_used))
     return True
+
+
+def _forced_user(pooler: Pooler, pool: Pool) -> bool:
+    """Whether the pool's database entry names the user its servers log in as."""
+    entry = pooler.settings.databases.get(pool.database)
+    return entry is not None and bool(entry.user)
 
 
 def _drop_removed(pooler: Pooler, pool: Pool) -> None:

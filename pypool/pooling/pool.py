@@ -139,7 +139,8 @@ class Pool:
         # Its clients' LISTENs and its listening connection (listen_mode = shared;
         # pooling/listening.py); None until a client first LISTENs.
         self.listening: Listening | None = None
-        self.unused_since = 0.0  # when it last had no client and no server (pool_idle_timeout)
+        # The janitor's last sweep that found it in use (pool_idle_timeout counts from it).
+        self.last_used = 0.0
 
     def unused(self) -> bool:
         """No client and no server of any kind: nothing would be lost with it but counters."""

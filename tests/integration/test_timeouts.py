@@ -376,7 +376,7 @@ def test_pool_idle_timeout_forgets_an_unused_pool(postgres, pooler) -> None:
         assert conn.execute("SELECT 1").fetchone() == (1,)
     assert ("app", "app") in pools()
     assert wait_for(lambda: ("app", "app") not in pools(), 10)
-    assert "forgotten (pool_idle_timeout)" in p.log()
+    assert "cleaning up idle pool for user app on db app because: pool idle timeout" in p.log()
     with connect(p.dsn()) as conn:
         assert conn.execute("SELECT 2").fetchone() == (2,)
     assert ("app", "app") in pools()

@@ -210,6 +210,25 @@ def test_pool_idle_timeout_forgets_a_pool_nobody_uses(fake_pooler: Any) -> None:
     assert m.query("SELECT 1") in fresh.take() and again.state is ClientState.ACTIVE
 
 
+@pytest.mark.parametrize("forced", [True, False])
+def test_pool_idle_timeout_keeps_only_a_forced_users_min_pool(fake_pooler: Any,
+                                                              forced: bool) -> None:
+    """As PgBouncer 1.26: a pool whose servers the janitor opens without any client (a
+    forced user and min_pool_size) is kept while those logins fail; any other unused pool
+    goes, min_pool_size or not (its servers are kept only while a client is there)."""
+    entry = DatabaseEntry(name="app", min_pool_size=2, user="app" if forced else None)
+    net = fake_pooler(pool_idle_timeout=30, server_login_retry=60, databases={"app": entry})
+    net.connect().leave()
+    janitor.sweep(net.pooler)
+    refused = m.error_response("no such user", "28000", "FATAL")
+    assert net.fail_logins(refused), "min_pool_size opened servers"
+    assert net.pool().unused()
+    janitor.sweep(net.pooler)
+    net.clock.advance(31)
+    janitor.sweep(net.pooler)
+    assert (("app", "app") in net.pooler.pools) is forced
+
+
 def test_a_removed_databases_pool_closes_once_its_last_client_leaves(
         fake_pooler: Any) -> None:
     net = fake_pooler()
