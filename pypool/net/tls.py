@@ -216,8 +216,12 @@ def _load_chain(ctx: ssl.SSLContext, prefix: str, cert_file: str, key_file: str)
     if not cert_file or not key_file:
         raise SettingsError(f"{prefix}_cert_file and {prefix}_key_file go together")
     for key, path in (("cert_file", cert_file), ("key_file", key_file)):
-        if not Path(path).is_file():
-            raise SettingsError(f"invalid {prefix}_{key}: {path}: no such file")
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            # The system's words, as PgBouncer logs them ("No such file or directory").
+            raise SettingsError(f"invalid {prefix}_{key}: {path}: {exc.strerror}") from None
     try:
         ctx.load_cert_chain(cert_file, key_file)
     except (OSError, ssl.SSLError) as exc:

@@ -74,7 +74,8 @@ def test_without_a_ca_file_a_client_certificate_is_not_asked_for(certs: Certific
     ({"client_tls_ecdhcurve": "nosuchcurve"}, "invalid client_tls_ecdhcurve"),
     ({"client_tls_dheparams": "/etc/dh.pem"}, "invalid client_tls_dheparams"),
     ({"client_tls_cert_file": "/nonexistent.crt"},
-     "invalid client_tls_cert_file: /nonexistent.crt: no such file"),
+     "invalid client_tls_cert_file: /nonexistent.crt: No such file or directory"),
+    ({"client_tls_key_file": "/"}, "invalid client_tls_key_file: /: Is a directory"),
     ({"client_tls_ca_file": "/nonexistent-ca.crt"}, "invalid client_tls_ca_file"),
 ])
 def test_client_refusals(certs: Certificates, changes: dict[str, str], text: str) -> None:
