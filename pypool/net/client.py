@@ -178,6 +178,7 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
         server = self.server
         st = server.statements if server is not None and self.statements is not None else None
         reader = self.reader
+        rest_owed = reader.skip  # of a message whose start went to the server
         out = reader.feed(data, st, server is not None)
         if reader.blocked:
             outbox.hold_back(self)  # what it sends meanwhile waits unread: up to a point
@@ -196,6 +197,10 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
                 pipeline.sent(self, server, st)  # waiting clients may queue behind it
         if st is not None and server is not None:
             outbox.answer_own(self, server)  # replies the pooler makes, in their turn
+        if rest_owed and not reader.skip and server is not None:
+            # That message is whole on the server now: a ReadyForQuery that came before
+            # its end is judged now (pooler/transactions.py `message_sent`).
+            self.pooler.message_sent(self)
         if reader.terminated:
             self.close("client sent Terminate")
         elif reader.error is not None:

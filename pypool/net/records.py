@@ -117,6 +117,9 @@ class PoolerPort:
     def ready_for_query(self, client: ClientRecord, status: int) -> None:
         """The linked server forwarded a ReadyForQuery to `client`."""
 
+    def message_sent(self, client: ClientRecord) -> None:
+        """The rest of a message whose start was on the linked server has gone to it."""
+
     # --- the pooler's own queries on a server (net/hidden_queries.py) -----------------------
     def parameters_applied(self, server: ServerRecord, client: ClientRecord) -> None:
         ...

@@ -153,6 +153,11 @@ class Pooler(PoolerRecord):
         the server (transactions.py)."""
         transactions.ready_for_query(self, client, status)
 
+    def message_sent(self, client: ClientRecord) -> None:
+        """The rest of a message whose start was on the linked server has gone to it: a
+        ReadyForQuery that came meanwhile is judged now (transactions.py)."""
+        transactions.message_sent(self, client)
+
     def session_changed(self, client: ClientRecord) -> None:
         """The client sent statements that change session state (transactions.py)."""
         transactions.session_changed(self, client)

@@ -279,6 +279,9 @@ class PoolerRecord(PoolerPort):
     def ready_for_query(self, client: ClientRecord, status: int) -> None:
         raise NotImplementedError
 
+    def message_sent(self, client: ClientRecord) -> None:
+        raise NotImplementedError
+
     def parameters_applied(self, server: ServerRecord, client: ClientRecord) -> None:
         raise NotImplementedError
 

@@ -2,7 +2,9 @@
 
 Every ReadyForQuery a server forwards to its linked client comes here
 (`ready_for_query`, called by the server's Protocol through the Pooler). While the client's
-FrontendLedger (core/ledger.py) says replies are still owed, nothing changes. Once it is
+FrontendLedger (core/ledger.py) says replies are still owed, nothing changes; nor while the
+client is in the middle of sending a message whose start is on the server (its backend
+reads the rest before anything another client sends): that waits for `message_sent`. Once it is
 owed nothing, the ReadyForQuery is one event of the client's link (core/link.py
 `ready_event`: released, kept in a transaction block or in session mode, pinned by its
 session state, or a server to close), and this module carries out the actions the link's
@@ -49,6 +51,29 @@ def ready_for_query(pooler: Pooler, client: ClientRecord, status: int) -> None:
     ledger = client.ledger
     if not ledger.ready():
         return  # more replies are owed: the server stays, the link is unchanged
+    if client.reader.skip:
+        # The client is sending a message whose start is on the server already (a COPY
+        # that failed while its CopyData streamed): its backend reads the rest before
+        # anything else, so the server stays until that rest has gone (`message_sent`).
+        return
+    _judge(pooler, client, status)
+
+
+def message_sent(pooler: Pooler, client: ClientRecord) -> None:
+    """The rest of a message whose start was on the client's server has gone to it: if
+    the client is owed nothing, the ReadyForQuery that came before that end is judged."""
+    if (client.server is not None and client.link.state is link.LinkState.ACTIVE
+            and client.ledger.idle()):
+        _judge(pooler, client, client.tx_status)
+
+
+def _judge(pooler: Pooler, client: ClientRecord, status: int) -> None:
+    """Release, keep or close the server of a client owed nothing, as its link's table
+    says for its last ReadyForQuery's `status`."""
+    pool = client.pool
+    assert pool is not None
+    stats = pool.stats
+    ledger = client.ledger
     server = client.server
     session = client.session
     if session is None and ledger.errors and client.follows is not None:

@@ -156,3 +156,54 @@ async def test_a_large_stray_copy_data_is_dropped_whole(one_server) -> None:
         assert any(k == b"D" for k, _ in got), got
     finally:
         await wire.close()
+
+
+def failing_copy_start() -> tuple[bytes, bytes]:
+    """A bad first row, and a large CopyData cut in two: PostgreSQL fails the COPY on the
+    row while the start of the next message is already on its socket."""
+    big = copy_data("7\n" * 50_000)
+    return copy_data("not a number\n") + big[:1000], big[1000:]
+
+
+async def test_a_copy_failing_mid_message_hands_on_its_server_only_at_the_message_end(
+        one_server) -> None:
+    """The backend reads the rest of that CopyData (and ignores it) before anything else:
+    had the server gone to the next client at the ReadyForQuery, its query would have been
+    read as that rest, and it would wait for ever. It goes once the rest is sent."""
+    p, table = one_server
+    wire = await connect(p)
+    other = await connect(p)
+    try:
+        wire.send(query(f"COPY {table} (x) FROM STDIN"))
+        assert (await wire.read_n(1))[0][0] == b"G"
+        start, rest = failing_copy_start()
+        wire.send(start)
+        got = await wire.until_ready()
+        assert got[0][0] == b"E" and got[-1] == (b"Z", b"I"), got
+        waiting = asyncio.create_task(other.run(query("SELECT 42")))
+        await asyncio.sleep(0.3)
+        assert not waiting.done(), "handed the server while the message was unfinished"
+        wire.send(rest, copy_done())
+        got_other = await asyncio.wait_for(waiting, 5)
+        assert pgwire.kinds(got_other) == "TDCZ", got_other
+        again = await wire.run(query("SELECT 1"))
+        assert again[-1] == ("Z", "I"), again
+    finally:
+        await other.close()
+        await wire.close()
+
+
+async def test_a_client_gone_mid_message_after_its_copy_failed_leaves_no_server(
+        one_server) -> None:
+    """The same client leaves before the rest of its message: the server is closed, and
+    the next client is served by another."""
+    p, table = one_server
+    wire = await connect(p)
+    wire.send(query(f"COPY {table} (x) FROM STDIN"))
+    assert (await wire.read_n(1))[0][0] == b"G"
+    start, _ = failing_copy_start()
+    wire.send(start)
+    got = await wire.until_ready()
+    assert got[0][0] == b"E" and got[-1] == (b"Z", b"I"), got
+    await wire.close()
+    await served_promptly(p)

@@ -175,6 +175,53 @@ def test_a_copy_from_stdin_keeps_the_server_until_its_ready_for_query(fake_poole
     assert server.state is ServerState.IDLE and net.pool().stats.xact_count == 1
 
 
+def copy_failing_mid_message(net: Any) -> tuple[Any, Any, Any, bytes]:
+    """A client whose simple COPY fails (ErrorResponse, ReadyForQuery) while the server has
+    the start of its next CopyData and the rest is still to come; another client waits for
+    the pool's one server. Returns the two clients, the server, and that rest."""
+    client, server = net.client_with_server()
+    other = net.connect()
+    client.send(m.query("COPY t FROM STDIN"))
+    server.send(m.message(ord("G"), b"\x00\x00\x00"))
+    row = m.message(m.COPY_DATA, b"x" * 1000)
+    client.send(row[:300])
+    assert len(server.take()) == len(m.query("COPY t FROM STDIN")) + 300, "streamed"
+    server.send(server_error("invalid input syntax", "22P02"))
+    assert kinds(client.take()) == "GEZ"
+    other.send(m.query("SELECT 1"))
+    return client, other, server, row[300:]
+
+
+def test_a_copy_that_fails_mid_message_keeps_its_server_until_that_message_ends(
+        fake_pooler: Any) -> None:
+    """PostgreSQL reads the rest of the CopyData whose start it has (and ignores it) before
+    anything else: handed on at the ReadyForQuery, the next client's query would be read as
+    that rest. The server stays with its client until the message is whole."""
+    net = fake_pooler(default_pool_size=1)
+    client, other, server, rest = copy_failing_mid_message(net)
+    assert other.state is ClientState.WAITING and server.take() == b"", "not handed on yet"
+    client.send(rest[:200])
+    assert server.take() == rest[:200] and other.state is ClientState.WAITING
+    client.send(rest[200:], m.message(m.COPY_DONE))  # the CopyDone: a stray, dropped
+    assert server.take() == rest[200:] + m.query("SELECT 1"), "the rest, then the next"
+    assert client.state is ClientState.IDLE and other.state is ClientState.ACTIVE
+    server.send(select_one())
+    assert kinds(other.take()) == "TDCZ"
+    assert net.pool().stats.xact_count == 2
+
+
+def test_a_client_gone_in_the_middle_of_a_message_leaves_its_server_closed(
+        fake_pooler: Any) -> None:
+    """The same, but the client leaves before the rest is sent: the backend would take the
+    next client's bytes for it, so the server is closed, not handed on."""
+    net = fake_pooler(default_pool_size=1)
+    client, other, server, _ = copy_failing_mid_message(net)
+    client.leave()
+    assert server.closed().endswith(m.terminate())
+    (fresh,) = net.open_servers()
+    assert m.query("SELECT 1") in fresh.take() and other.state is ClientState.ACTIVE
+
+
 def test_a_set_in_flight_counts_as_made_on_its_server_until_its_reply(
         fake_pooler: Any) -> None:
     """The server's record of the settings clients made there (ServerRecord.session_sets,
