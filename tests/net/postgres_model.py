@@ -95,7 +95,9 @@ class Backend:
     def message(self, kind: int, body: bytes) -> bytes:
         letter = chr(kind)
         if self.copying:
-            if letter == "d":
+            if letter in "dHS":
+                # CopyData; a Flush or Sync PostgreSQL ignores during COPY FROM STDIN, for
+                # clients that send one without noticing the command was a COPY.
                 return b""
             self.copying = False
             if letter == "c":
