@@ -158,11 +158,17 @@ async def test_a_large_stray_copy_data_is_dropped_whole(one_server) -> None:
         await wire.close()
 
 
-def failing_copy_start() -> tuple[bytes, bytes]:
-    """A bad first row, and a large CopyData cut in two: PostgreSQL fails the COPY on the
-    row while the start of the next message is already on its socket."""
+async def copy_failed_mid_message(p, table: str) -> tuple[Wire, bytes]:
+    """A client whose COPY fails on its bad first row while the start of a large CopyData
+    after it is already on the server's socket: returns it, and the rest of that message."""
+    wire = await connect(p)
+    wire.send(query(f"COPY {table} (x) FROM STDIN"))
+    assert (await wire.read_n(1))[0][0] == b"G"
     big = copy_data("7\n" * 50_000)
-    return copy_data("not a number\n") + big[:1000], big[1000:]
+    wire.send(copy_data("not a number\n") + big[:1000])
+    got = await wire.until_ready()
+    assert got[0][0] == b"E" and got[-1] == (b"Z", b"I"), got
+    return wire, big[1000:]
 
 
 async def test_a_copy_failing_mid_message_hands_on_its_server_only_at_the_message_end(
@@ -171,15 +177,9 @@ async def test_a_copy_failing_mid_message_hands_on_its_server_only_at_the_messag
     had the server gone to the next client at the ReadyForQuery, its query would have been
     read as that rest, and it would wait for ever. It goes once the rest is sent."""
     p, table = one_server
-    wire = await connect(p)
     other = await connect(p)
+    wire, rest = await copy_failed_mid_message(p, table)
     try:
-        wire.send(query(f"COPY {table} (x) FROM STDIN"))
-        assert (await wire.read_n(1))[0][0] == b"G"
-        start, rest = failing_copy_start()
-        wire.send(start)
-        got = await wire.until_ready()
-        assert got[0][0] == b"E" and got[-1] == (b"Z", b"I"), got
         waiting = asyncio.create_task(other.run(query("SELECT 42")))
         await asyncio.sleep(0.3)
         assert not waiting.done(), "handed the server while the message was unfinished"
@@ -198,12 +198,6 @@ async def test_a_client_gone_mid_message_after_its_copy_failed_leaves_no_server(
     """The same client leaves before the rest of its message: the server is closed, and
     the next client is served by another."""
     p, table = one_server
-    wire = await connect(p)
-    wire.send(query(f"COPY {table} (x) FROM STDIN"))
-    assert (await wire.read_n(1))[0][0] == b"G"
-    start, _ = failing_copy_start()
-    wire.send(start)
-    got = await wire.until_ready()
-    assert got[0][0] == b"E" and got[-1] == (b"Z", b"I"), got
+    wire, _ = await copy_failed_mid_message(p, table)
     await wire.close()
     await served_promptly(p)
