@@ -4,8 +4,8 @@ Every ReadyForQuery a server forwards to its linked client comes here
 (`ready_for_query`, called by the server's Protocol through the Pooler). While the client's
 FrontendLedger (core/ledger.py) says replies are still owed, nothing changes; nor while the
 client is in the middle of sending a message whose start is on the server (its backend
-reads the rest before anything another client sends): that waits for `message_sent`. Once it is
-owed nothing, the ReadyForQuery is one event of the client's link (core/link.py
+reads the rest before anything another client sends): that waits for `message_sent`. Once
+it is owed nothing, the ReadyForQuery is one event of the client's link (core/link.py
 `ready_event`: released, kept in a transaction block or in session mode, pinned by its
 session state, or a server to close), and this module carries out the actions the link's
 table gives for it.
