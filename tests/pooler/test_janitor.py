@@ -216,7 +216,7 @@ def test_pool_idle_timeout_keeps_only_a_forced_users_min_pool(fake_pooler: Any,
     """As PgBouncer 1.26: a pool whose servers the janitor opens without any client (a
     forced user and min_pool_size) is kept while those logins fail; any other unused pool
     goes, min_pool_size or not (its servers are kept only while a client is there)."""
-    entry = DatabaseEntry(name="app", min_pool_size=2, user="app" if forced else None)
+    entry = DatabaseEntry(name="app", min_pool_size=2, user="app" if forced else "")
     net = fake_pooler(pool_idle_timeout=30, server_login_retry=60, databases={"app": entry})
     net.connect().leave()
     janitor.sweep(net.pooler)
