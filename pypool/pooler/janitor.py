@@ -139,7 +139,9 @@ def _expire_active(pool: Pool, now: float, query_timeout: float, idle_xact_timeo
         if linked is None:
             continue
         client = linked
-        if not client.ledger.idle():
+        # Replies owed, or a message whose start is on the server and whose rest has not
+        # come (pooler/transactions.py keeps the server for it): a query in flight.
+        if not client.ledger.idle() or client.reader.skip:
             if query_timeout and now - client.query_start > query_timeout:
                 server.close("query timeout")
                 pool.stats.count_error("query_timeout")

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from pypool.core.states import ClientState, ServerState
+from pypool.pooler import janitor
 from pypool.protocol import messages as m
 from tests.net.fakes import command, errors_in, kinds, query_texts, select_one, server_error
 
@@ -220,6 +221,21 @@ def test_a_client_gone_in_the_middle_of_a_message_leaves_its_server_closed(
     assert server.closed().endswith(m.terminate())
     (fresh,) = net.open_servers()
     assert m.query("SELECT 1") in fresh.take() and other.state is ClientState.ACTIVE
+
+
+def test_query_timeout_ends_a_client_that_stops_in_the_middle_of_a_message(
+        fake_pooler: Any) -> None:
+    """The server waits for the rest of the message; a client that never sends it is ended
+    by query_timeout, as one whose query runs too long, and its server closed."""
+    net = fake_pooler(default_pool_size=1, query_timeout=30)
+    client, other, server, _ = copy_failing_mid_message(net)
+    net.clock.advance(29)
+    janitor.sweep(net.pooler)
+    assert client.state is ClientState.ACTIVE and other.state is ClientState.WAITING
+    net.clock.advance(2)
+    janitor.sweep(net.pooler)
+    assert client.state is ClientState.CLOSED and server.transport.closed
+    assert errors_in(client.take())[0]["M"] == "query timeout"
 
 
 def test_a_set_in_flight_counts_as_made_on_its_server_until_its_reply(
