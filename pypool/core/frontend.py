@@ -128,6 +128,12 @@ class RequestReader:
         """Nothing half-read and nothing waiting: the next byte starts a message."""
         return not self.blocked and not self.partial and not self.skip
 
+    def done_with_server(self) -> bool:
+        """The client is owed no reply and has no message half-sent to its server (whose
+        backend would read the next client's bytes as that message's rest): the one test
+        of whether its server may serve someone else, given a ReadyForQuery 'I'."""
+        return self.ledger.idle() and not self.skip
+
     def keep(self, data: bytes) -> None:
         """`data` waits in `partial`, after what is there already."""
         if self.partial is None:

@@ -139,9 +139,8 @@ def _expire_active(pool: Pool, now: float, query_timeout: float, idle_xact_timeo
         if linked is None:
             continue
         client = linked
-        # Replies owed, or a message whose start is on the server and whose rest has not
-        # come (pooler/transactions.py keeps the server for it): a query in flight.
-        if not client.ledger.idle() or client.reader.skip:
+        # Replies owed, or a message half-sent whose rest has not come: a query in flight.
+        if not client.reader.done_with_server():
             if query_timeout and now - client.query_start > query_timeout:
                 server.close("query timeout")
                 pool.stats.count_error("query_timeout")
@@ -228,7 +227,7 @@ def _forget_if_unused(pooler: Pooler, pool: Pool, now: float, timeout: float) ->
 
 def _forced_user(pooler: Pooler, pool: Pool) -> bool:
     """Whether the pool's database entry names the user its servers log in as."""
-    entry = pooler.settings.databases.get(pool.database)
+    entry = pooler.settings.database(pool.database)  # the `*` entry for an auto database
     return entry is not None and bool(entry.user)
 
 

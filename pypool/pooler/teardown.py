@@ -114,11 +114,9 @@ def client_closed(pooler: Pooler, client: ClientRecord, reason: str) -> None:
         link_ends.unlink(client, server)
         server.resume_reading()
         # A check or SET the pooler sent for this client may still be answering: its
-        # replies and ParameterStatus would be taken for the next client's. A message it
-        # was sending, whose start is on the server, would take the next client's bytes
-        # for its rest.
-        clean = (client.ledger.idle() and client.tx_status == m.TX_IDLE
-                 and not setting and not server.checking and not client.reader.skip)
+        # replies and ParameterStatus would be taken for the next client's.
+        clean = (client.reader.done_with_server() and client.tx_status == m.TX_IDLE
+                 and not setting and not server.checking)
         if clean and not server.statements.detach():
             clean = False  # prepared-statement replies still owed: see release()
         why = "client disconnected with a transaction or query in progress"

@@ -63,7 +63,7 @@ def message_sent(pooler: Pooler, client: ClientRecord) -> None:
     """The rest of a message whose start was on the client's server has gone to it: if
     the client is owed nothing, the ReadyForQuery that came before that end is judged."""
     if (client.server is not None and client.link.state is link.LinkState.ACTIVE
-            and client.ledger.idle()):
+            and client.reader.done_with_server()):
         _judge(pooler, client, client.tx_status)
 
 
