@@ -19,7 +19,9 @@ import psycopg
 import pytest
 
 from pypool.embedded import free_port
+from pypool.protocol import messages as m
 from tests.integration.app_client import connect
+from tests.integration.rawclient import RawClient
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -362,3 +364,20 @@ def test_a_prepare_behind_another_statement_stays_its_client_s(postgres, pooler)
                              "AND query ILIKE '%stray_plan%' AND pid <> pg_backend_pid() "
                              "AND state = 'idle in transaction'").fetchone()
         assert rows == (0,)
+
+
+def test_a_query_postgresql_refuses_whole_leaves_nothing_to_undo(pooler) -> None:
+    """A Query whose text is `SET`, a NUL and more: PostgreSQL refuses the message (08P01)
+    and runs nothing. The next client on that server (a pool of one) is served as usual,
+    never sent a RESET made from those bytes (which PostgreSQL refused too: that client was
+    dropped)."""
+    p = pooler(ini_overrides={"auth_type": "trust", "default_pool_size": "1"})
+    with RawClient(p.host, p.port) as raw:
+        assert raw.login("app", "app").error is None
+        raw.send(m.message(m.QUERY, b"SET\x00\x00"))
+        answer = raw.read_until(m.READY_FOR_QUERY)
+        errors = [m.parse_error_fields(body) for kind, body in answer
+                  if kind == m.ERROR_RESPONSE]
+        assert [e["C"] for e in errors] == ["08P01"], errors
+    with connect(p.dsn()) as other:
+        assert one(other, "SELECT 42") == 42

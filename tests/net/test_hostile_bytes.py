@@ -513,3 +513,118 @@ def test_a_describe_whose_name_lacks_its_nul_goes_to_postgresql_as_it_is(
     assert describe in sent, "as the client sent it"
     server.send(backend.feed(sent))
     assert replies(client.take()) == ["E08P01", "Z"]
+
+
+# --- a second client on the same server ---------------------------------------------------
+
+
+def replies_and_status(data: bytes) -> list[str]:
+    """As `replies`, a ReadyForQuery with its transaction status ("ZI", "ZT", "ZE")."""
+    out, pos = [], 0
+    for kind in replies(data):
+        if kind == "Z":
+            at = data.index(b"Z\x00\x00\x00\x05", pos)
+            kind, pos = "Z" + chr(data[at + 5]), at + 6
+        out.append(kind)
+    return out
+
+
+class Backends:
+    """PostgreSQL for every server the pool opens: each logged in as it is dialled, each a
+    model backend of its own (tests/net/postgres_model.py), closed when the pooler closes it."""
+
+    def __init__(self, fake: FakePooler) -> None:
+        self.fake = fake
+        self.open: dict[Any, tuple[Any, Backend]] = {}
+
+    def pump(self) -> None:
+        """Answer what the pooler sends to each server, until nothing more is sent."""
+        fake = self.fake
+        for _ in range(16):
+            fake.run_callbacks()
+            for conn in fake.opening():
+                self.open[conn] = (fake.log_in(conn), Backend())
+            fake.run_callbacks()
+            moved = False
+            for conn, (server, backend) in list(self.open.items()):
+                if server.transport.closed:
+                    del self.open[conn]
+                    if conn.state is not ServerState.CLOSED:
+                        server.closed()  # its connection_lost, as asyncio delivers it
+                    moved = True
+                    continue
+                reply = backend.feed(server.take())
+                if reply:
+                    server.send(reply)
+                    moved = True
+            if not moved:
+                return
+
+
+@PROPERTY
+@given(st.lists(st.one_of(message(), message(mutate=False), copy_in()), min_size=1,
+                max_size=10),
+       st.data())
+def test_a_second_client_never_sees_the_first_ones_session(
+        messages: list[bytes], data: st.DataObject) -> None:
+    """Two clients on a pool of one server. The first sends anything (hostile bytes, COPY,
+    transaction blocks, prepared statements, session state), in pieces, and may leave after
+    any piece; the second sends `SELECT 1` at any point between. Each of the second's
+    queries is answered CommandComplete, then ReadyForQuery 'I', as a connection of its own
+    would be: never run inside the first's transaction, never read as the rest of one of its
+    messages, never answered with its replies; and once the first has gone, all of them
+    are answered."""
+    rewriting = data.draw(st.sampled_from([0, 20]))
+    depth = data.draw(st.sampled_from([0, 0, 4]))  # pipelining: a line behind the first
+    fake = FakePooler(make_settings(max_prepared_statements=rewriting,
+                                    session_state="follow", pipeline_depth=depth))
+    try:
+        first, server = fake.client_with_server()
+        second = fake.connect()
+        backends = Backends(fake)
+        backends.open[server.conn] = (server, Backend())
+        sent = 0
+        parts = pieces(messages, data)
+        leave_after = data.draw(st.integers(0, len(parts)))
+        for at, piece in enumerate(parts):
+            for _ in range(data.draw(st.integers(0, 2))):
+                second.send(m.query("SELECT 1"))
+                sent += 1
+                backends.pump()
+            if first.transport.closed:
+                break
+            first.send(piece)
+            backends.pump()
+            if at + 1 == leave_after and not first.transport.closed:
+                first.leave()
+                backends.pump()
+        second.send(m.query("SELECT 1"))
+        sent += 1
+        backends.pump()
+        if not first.transport.closed:
+            first.leave()  # what it still holds is let go (closed or handed on clean)
+        backends.pump()
+        got = replies_and_status(second.take())
+    finally:
+        fake.close()
+    assert got == ["C", "ZI"] * sent, got
+
+
+def test_a_malformed_set_does_not_drop_the_next_client(fake_pooler: Any) -> None:
+    """A Query of `SET`, a NUL and another NUL: PostgreSQL refuses it whole (08P01). The
+    pooler recorded it as a SET of a parameter named NUL, and undid it for the next client
+    on that server with `RESET "\\0"`, a Query PostgreSQL refuses too: that client was
+    dropped ("could not set session parameters"). Found by the property above."""
+    net = fake_pooler(session_state="follow")
+    first, server = net.client_with_server()
+    second = net.connect()
+    backends = Backends(net)
+    backends.open[server.conn] = (server, Backend())
+    first.send(m.message(m.QUERY, b"SET\x00\x00"))
+    backends.pump()
+    assert replies_and_status(first.take()) == ["E08P01", "ZI"]
+    first.leave()
+    second.send(m.query("SELECT 1"))
+    backends.pump()
+    assert b"RESET" not in server.transport.written, "nothing to undo"
+    assert replies_and_status(second.take()) == ["C", "ZI"]

@@ -131,6 +131,23 @@ def test_look_at_a_short_query_with_a_semicolon_later_in_the_read(sql: str) -> N
     assert ss.look(ord("Q"), data, 0, len(query)) is None
 
 
+@pytest.mark.parametrize("body", [
+    b"SET\x00\x00",  # a NUL, then more: "invalid message format"
+    b"SET x = 1\x00junk\x00",
+    b"SET x = 1",  # no NUL at all: "invalid string in message"
+    b"SELECT 1; PREPARE p AS SELECT 2\x00\x00",
+    b"SELECT pg_advisory_lock(1)\x00 \x00",
+])
+def test_a_query_postgresql_refuses_whole_changes_nothing(body: bytes) -> None:
+    """PostgreSQL reads a Query's text up to its first NUL and refuses the message when
+    more follows or no NUL ends it: nothing in it runs, so the look finds nothing. (Found
+    by tests/net/test_hostile_bytes.py: `SET` and two NULs was recorded as a SET of a
+    parameter named NUL, and the next client on that server was sent `RESET "\0"`, which
+    PostgreSQL refused, and that client was dropped.)"""
+    query = b"Q" + (len(body) + 4).to_bytes(4, "big") + body
+    assert ss.look(ord("Q"), query, 0, len(query)) is None
+
+
 @pytest.mark.parametrize(("sql", "found"), [
     ("SELECT abalance FROM t WHERE aid = 1;", None),  # a trailing `;`: one statement
     ("SELECT 1; PREPARE p AS SELECT 2", [Command(ss.UNTRACKABLE, b"prepare")]),

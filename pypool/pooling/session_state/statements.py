@@ -97,10 +97,23 @@ def look(kind: int, data: bytes, pos: int, end: int) -> list[Command] | None:
         # the text starts nothing (`in` on a slice: cheaper than `find` and its arguments;
         # never a slice that ends before it starts, which compiled code refuses).
         if (kind == 81 and text_at < text_end - 1 and 59 in data
-                and 59 in data[text_at:text_end - 1] and _later_prepare(data[text_at:text_end])):
+                and 59 in data[text_at:text_end - 1] and _runs(data, text_at, text_end)
+                and _later_prepare(data[text_at:text_end])):
             return [Command(UNTRACKABLE, b"prepare")]
         return None
+    if kind == 81 and not _runs(data, text_at, text_end):
+        return None
     return classify(data[text_at:text_end])
+
+
+def _runs(data: bytes, text_at: int, text_end: int) -> bool:
+    """Whether PostgreSQL runs the Query whose text is data[text_at:text_end]: it reads the
+    text up to its first NUL and refuses the whole message (08P01, "invalid message format"
+    or "invalid string in message") when bytes follow that NUL or none ends it, so such a
+    Query changes nothing, and what its text seems to say ("SET" and a NUL) must not be
+    recorded: a setting named after it would be undone for the next client in a
+    malformed Query."""
+    return data[text_end] == 0 and data.find(0, text_at, text_end) < 0
 
 
 def _absent(data: bytes, byte: int, start: int, end: int) -> bool:
