@@ -381,8 +381,6 @@ class ReplyReader:
             return 0 if outcome == FAILED else outcome
         if kind == _PARAMETER_STATUS:
             self._parameter_status(body)
-        elif kind == _COMMAND_COMPLETE:
-            self.statements.command_tag(body)  # a reset query's DISCARD ALL
         elif kind == _ERROR_RESPONSE:
             fields = m.parse_error_fields(body)
             backend.failed(fields)

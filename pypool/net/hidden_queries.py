@@ -37,9 +37,25 @@ log = logging.getLogger("pypool.server")
 
 
 def send_hidden_query(server: ServerRecord, sql: str, purpose: int = HIDDEN_PLAIN) -> None:
-    """Send a query whose replies the client must not see (core/backend.py)."""
+    """Send a query whose replies the client must not see (core/backend.py).
+
+    One that may drop prepared statements (the DISCARD ALL after a pinned client, a reset
+    query) makes the server's statements untrusted now, as it is sent, not at its reply:
+    the next client may be linked before that comes, and what its requests are rewritten
+    into runs after it on the server, so each of its statements is prepared again (closed
+    first, should it have survived). Its reply then changes nothing: it is the pooler's,
+    not the linked client's, whose own statements stay."""
+    if _may_drop_statements(sql):
+        server.statements.distrust("a query of the pooler's own may drop them")
     server.backend.query(purpose)
     server.send(m.query(sql), True)
+
+
+def _may_drop_statements(sql: str) -> bool:
+    """Whether a query of the pooler's own may drop prepared statements (DISCARD ALL,
+    DEALLOCATE ALL, in any case and among other statements)."""
+    lowered = sql.lower()
+    return "discard" in lowered or "deallocate" in lowered
 
 
 # server_check_query's spelling of "send an empty query" (an empty value turns the check off).

@@ -381,3 +381,30 @@ def test_a_query_postgresql_refuses_whole_leaves_nothing_to_undo(pooler) -> None
         assert [e["C"] for e in errors] == ["08P01"], errors
     with connect(p.dsn()) as other:
         assert one(other, "SELECT 42") == 42
+
+
+def test_a_waiting_client_s_statements_survive_a_pinned_client_s_discard_all(pooler) -> None:
+    """A pinned client (an advisory lock) leaves while another waits for the pool's one
+    server: the pooler sends DISCARD ALL and hands the server on at once. The waiting
+    client's prepared statement, rewritten then, runs after the DISCARD ALL on the server:
+    it must be prepared there again (it was sent as still there, and failed with 26000)."""
+    p = pooler(ini_overrides={"default_pool_size": "1", "max_prepared_statements": "20"})
+    with psycopg.connect(p.dsn(), autocommit=True, prepare_threshold=0,
+                         connect_timeout=10) as waiting, connect(p.dsn()) as pinned:
+        assert one(waiting, "SELECT 1 + 1") == 2  # prepared (named) on the one server
+        one(pinned, "SELECT pg_advisory_lock(4242)")  # pinned: it keeps that server
+        outcome: list[Any] = []
+
+        def again() -> None:
+            try:
+                outcome.append(one(waiting, "SELECT 1 + 1"))
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=again, daemon=True)
+        thread.start()
+        time.sleep(0.5)
+        assert not outcome, "it waits for the pinned client's server"
+        pinned.close()
+        thread.join(10)
+    assert outcome == [2]

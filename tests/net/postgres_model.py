@@ -185,6 +185,7 @@ class Backend:
             key = name.group(1).lower() if name else b""
             if key in (b"all", b"prepare"):
                 self.statements = {k: v for k, v in self.statements.items() if k == b""}
+                tag = "DEALLOCATE ALL"  # PostgreSQL's tag
             elif key not in self.statements:
                 return self._error("prepared statement does not exist", "26000", True)
             else:
@@ -195,6 +196,7 @@ class Backend:
                                    "25001", True)
             self.statements = {k: v for k, v in self.statements.items() if k == b""}
             self.portals.clear()
+            tag = "DISCARD ALL"
         elif verb == b"copy" and b"stdin" in text.lower():
             self.copying = True
             return m.message(ord("G"), b"\x00\x00\x00")  # CopyInResponse, text, no columns

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -536,12 +537,14 @@ class Backends:
     def __init__(self, fake: FakePooler) -> None:
         self.fake = fake
         self.open: dict[Any, tuple[Any, Backend]] = {}
+        self.before_answers: Callable[[], None] = lambda: None  # a check, before each round
 
     def pump(self) -> None:
         """Answer what the pooler sends to each server, until nothing more is sent."""
         fake = self.fake
         for _ in range(16):
             fake.run_callbacks()
+            self.before_answers()
             for conn in fake.opening():
                 self.open[conn] = (fake.log_in(conn), Backend())
             fake.run_callbacks()
@@ -561,6 +564,46 @@ class Backends:
                 return
 
 
+def _execute_unnamed(statement: bytes) -> bytes:
+    """Bind of `statement` to the unnamed portal, Execute, Sync."""
+    bind = m.message(m.BIND, b"\x00" + statement + b"\x00\x00\x00\x00\x00\x00\x00")
+    return bind + m.message(m.EXECUTE, b"\x00\x00\x00\x00\x00") + m.sync()
+
+
+class SecondClient:
+    """A well-behaved client beside the first: `SELECT 1` as a simple Query, or, with
+    prepared statements rewritten, through its named statement `s1` (parsed the first
+    time) or an unnamed one; what each should get on a connection of its own."""
+
+    def __init__(self, client: Any, backends: Backends, rewriting: bool) -> None:
+        self.client = client
+        self.backends = backends
+        self.rewriting = rewriting
+        self.parsed = False
+        self.expected: list[str] = []
+
+    def request(self, data: st.DataObject) -> None:
+        kind = data.draw(st.sampled_from(["simple", "named", "unnamed"]
+                                         if self.rewriting else ["simple"]))
+        if kind == "simple":
+            sent, expected = m.query("SELECT 1"), ["C", "ZI"]
+        elif kind == "named":
+            sent, expected = _execute_unnamed(b"s1"), ["2", "C", "ZI"]
+            if not self.parsed:
+                self.parsed = True
+                sent = m.message(m.PARSE, b"s1\x00SELECT 1\x00\x00\x00") + sent
+                expected = ["1", *expected]
+        else:
+            sent = m.message(m.PARSE, b"\x00SELECT 1\x00\x00\x00") + _execute_unnamed(b"")
+            expected = ["1", "2", "C", "ZI"]
+        self.expected += expected
+        cut = data.draw(st.integers(0, len(sent) - 1))  # in two reads, or one
+        for piece in (sent[:cut], sent[cut:]):
+            if piece:
+                self.client.send(piece)
+                self.backends.pump()
+
+
 @PROPERTY
 @given(st.lists(st.one_of(message(), message(mutate=False), copy_in()), min_size=1,
                 max_size=10),
@@ -569,28 +612,25 @@ def test_a_second_client_never_sees_the_first_ones_session(
         messages: list[bytes], data: st.DataObject) -> None:
     """Two clients on a pool of one server. The first sends anything (hostile bytes, COPY,
     transaction blocks, prepared statements, session state), in pieces, and may leave after
-    any piece; the second sends `SELECT 1` at any point between. Each of the second's
-    queries is answered CommandComplete, then ReadyForQuery 'I', as a connection of its own
-    would be: never run inside the first's transaction, never read as the rest of one of its
-    messages, never answered with its replies; and once the first has gone, all of them
-    are answered."""
+    any piece; the second sends `SELECT 1` (SecondClient) at any point between. Each of the
+    second's requests is answered as on a connection of its own, ending in ReadyForQuery
+    'I': never run inside the first's transaction or with its statements, never read as the
+    rest of one of its messages, never answered with its replies; and once the first has
+    gone, all of them are answered."""
     rewriting = data.draw(st.sampled_from([0, 20]))
     depth = data.draw(st.sampled_from([0, 0, 4]))  # pipelining: a line behind the first
     fake = FakePooler(make_settings(max_prepared_statements=rewriting,
                                     session_state="follow", pipeline_depth=depth))
     try:
         first, server = fake.client_with_server()
-        second = fake.connect()
         backends = Backends(fake)
         backends.open[server.conn] = (server, Backend())
-        sent = 0
+        second = SecondClient(fake.connect(), backends, bool(rewriting))
         parts = pieces(messages, data)
         leave_after = data.draw(st.integers(0, len(parts)))
         for at, piece in enumerate(parts):
             for _ in range(data.draw(st.integers(0, 2))):
-                second.send(m.query("SELECT 1"))
-                sent += 1
-                backends.pump()
+                second.request(data)
             if first.transport.closed:
                 break
             first.send(piece)
@@ -598,16 +638,78 @@ def test_a_second_client_never_sees_the_first_ones_session(
             if at + 1 == leave_after and not first.transport.closed:
                 first.leave()
                 backends.pump()
-        second.send(m.query("SELECT 1"))
-        sent += 1
-        backends.pump()
+        second.request(data)
         if not first.transport.closed:
             first.leave()  # what it still holds is let go (closed or handed on clean)
         backends.pump()
-        got = replies_and_status(second.take())
+        got = replies_and_status(second.client.take())
     finally:
         fake.close()
-    assert got == ["C", "ZI"] * sent, got
+    assert got == second.expected, got
+
+
+@PROPERTY
+@given(st.lists(st.one_of(message(mutate=False), copy_in()), min_size=1, max_size=10),
+       st.data())
+def test_a_cancel_lands_only_on_the_server_its_client_holds(
+        messages: list[bytes], data: st.DataObject) -> None:
+    """The two clients of the property above; the first also sends CancelRequests with
+    its key at any point, and PostgreSQL takes them (closes their connections) at any later
+    point. A cancel goes out only for a server the first client holds, and when it lands
+    that server serves no one else: a cancel hits only its own client's query."""
+    rewriting = data.draw(st.sampled_from([0, 20]))
+    depth = data.draw(st.sampled_from([0, 0, 4]))
+    fake = FakePooler(make_settings(max_prepared_statements=rewriting,
+                                    session_state="follow", pipeline_depth=depth))
+    try:
+        first, server = fake.client_with_server()
+        backends = Backends(fake)
+        backends.open[server.conn] = (server, Backend())
+        second = SecondClient(fake.connect(), backends, bool(rewriting))
+
+        def cancel() -> None:
+            holder = first.conn.server
+            before = len(fake.cancels)
+            fake.cancel(first.cancel_key)
+            for sent in fake.cancels[before:]:
+                assert holder is not None and holder.client is first.conn, \
+                    "a cancel sent for a client that holds no server"
+                assert sent.request == m.cancel_request(holder.backend_pid,
+                                                        holder.backend_secret)
+
+        def no_other_client_under_a_cancel() -> None:
+            targets = {bytes(c.request) for c in fake.cancels if not c.answered}
+            for conn in backends.open:
+                if m.cancel_request(conn.backend_pid, conn.backend_secret) in targets:
+                    assert conn.client is None or conn.client is first.conn, \
+                        "a server given to another client while a cancel may still land"
+
+        def land() -> None:
+            fake.answer_cancels()
+            backends.pump()
+
+        backends.before_answers = no_other_client_under_a_cancel
+
+        for piece in pieces(messages, data):
+            for _ in range(data.draw(st.integers(0, 2))):
+                second.request(data)
+            if data.draw(st.booleans()) and not first.transport.closed:
+                cancel()
+            if data.draw(st.booleans()):
+                land()
+            if first.transport.closed:
+                break
+            first.send(piece)
+            backends.pump()
+        second.request(data)
+        land()
+        if not first.transport.closed:
+            first.leave()
+        backends.pump()
+        got = replies_and_status(second.client.take())
+    finally:
+        fake.close()
+    assert got == second.expected, got
 
 
 def test_a_malformed_set_does_not_drop_the_next_client(fake_pooler: Any) -> None:
@@ -628,3 +730,35 @@ def test_a_malformed_set_does_not_drop_the_next_client(fake_pooler: Any) -> None
     backends.pump()
     assert b"RESET" not in server.transport.written, "nothing to undo"
     assert replies_and_status(second.take()) == ["C", "ZI"]
+
+
+def test_a_waiting_client_s_statements_follow_it_past_a_pinned_client_s_discard_all(
+        fake_pooler: Any) -> None:
+    """A client pinned to the pool's one server (an advisory lock) leaves: the pooler sends
+    DISCARD ALL and hands the server to the client waiting for it at once. That client's
+    Bind of its statement, rewritten then, ran after the DISCARD ALL: it was sent as a hit
+    on the server's cache, and PostgreSQL answered 26000 (prepared statement does not
+    exist). Then, at the DISCARD ALL's reply, the pooler forgot that client's other
+    statements too. Found by the property above."""
+    net = fake_pooler(max_prepared_statements=20, session_state="follow")
+    first, server = net.client_with_server()
+    backends = Backends(net)
+    backends.open[server.conn] = (server, Backend())
+    second = net.connect()
+    parse = m.message(m.PARSE, b"s1\x00SELECT 1\x00\x00\x00")
+    other = m.message(m.PARSE, b"s2\x00SELECT 2\x00\x00\x00")
+    second.send(parse + other + _execute_unnamed(b"s1"))
+    backends.pump()
+    assert replies_and_status(second.take()) == ["1", "1", "2", "C", "ZI"]
+    first.send(m.query("SELECT pg_advisory_lock(1)"))
+    backends.pump()
+    assert replies_and_status(first.take()) == ["C", "ZI"]  # pinned: keeps the server
+    second.send(_execute_unnamed(b"s1"))
+    backends.pump()
+    assert second.take() == b"", "waits for the pinned client's server"
+    first.leave()
+    backends.pump()
+    assert replies_and_status(second.take()) == ["2", "C", "ZI"]
+    second.send(_execute_unnamed(b"s2"))  # its other statement, after that reply
+    backends.pump()
+    assert replies_and_status(second.take()) == ["2", "C", "ZI"]
