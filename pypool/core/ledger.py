@@ -28,7 +28,11 @@ that this ledger exists to get right: COPY FROM STDIN.
   the server read that Sync in copy-in (ignored) or after the failure (answered): the ledger
   is then `doubtful`, and the server must be closed rather than handed on; so does any other
   message sent during copy-in (it makes the COPY fail, and what follows it is answered).
-  A Sync before any CopyData and any other message is surely ignored.
+  A Sync before any CopyData and any other message is surely ignored. "During copy-in"
+  includes what was sent before the CopyInResponse came, after the COPY's request and before
+  the client's CopyDone or CopyFail: a Query or FunctionCall owed there, or an
+  extended-protocol segment opened there (`owed` keeps a SEGMENT mark where a segment was
+  opened behind requests still owed: a position, never answered).
 
 - An extended-protocol error makes PostgreSQL skip everything up to the next Sync, a simple
   Query or FunctionCall sent in between too: no ReadyForQuery answers those. Only the
@@ -58,6 +62,9 @@ OPENS_SEGMENT: Final = 2  # Parse, Bind, Describe, Execute, Close: replies owed 
 FLUSH: Final = 3  # asks for pending output, owes nothing of its own
 TERMINATE: Final = 4
 COPY_MESSAGE: Final = 5  # CopyData, CopyDone, CopyFail
+# In `owed`: an extended-protocol segment was opened here, behind the requests before it (a
+# position for a COPY's window, never answered; dropped once those are).
+SEGMENT: Final = m.PARSE
 _KINDS: Final = {
     OWES_READY: (m.QUERY, m.FUNCTION_CALL, m.SYNC),
     OPENS_SEGMENT: (m.PARSE, m.BIND, m.DESCRIBE, m.EXECUTE, m.CLOSE),
@@ -80,6 +87,7 @@ _QUERY: Final = m.QUERY
 _FUNCTION_CALL: Final = m.FUNCTION_CALL
 _COPY_DONE: Final = m.COPY_DONE
 _COPY_FAIL: Final = m.COPY_FAIL
+_SEGMENT: Final = SEGMENT
 
 
 class FrontendLedger:
@@ -137,6 +145,12 @@ class FrontendLedger:
     def segment(self) -> None:
         """A Parse, Bind, Describe, Execute or Close was sent: owed up to the next Sync."""
         self.unsynced = True
+        if self.first:
+            # Behind requests owed (a pipeline): where, for a COPY's window; once for the
+            # messages that follow each other.
+            later = self.later
+            if (later[-1] if later else self.first) != _SEGMENT:
+                self._owe(_SEGMENT)
         if self.copy == COPY_IN:
             self.doubtful = True  # ends the COPY with an error: see the module docstring
 
@@ -193,7 +207,7 @@ class FrontendLedger:
         owed = self.owed
         head = -1
         for entry in owed:
-            if entry != _COPY_DONE and entry != _COPY_FAIL:
+            if entry != _COPY_DONE and entry != _COPY_FAIL and entry != _SEGMENT:
                 head = entry
                 break
         # The request running the COPY: a Sync ends an extended segment; none sent yet also
@@ -203,17 +217,28 @@ class FrontendLedger:
             self.copy = COPY_OUT
             return 0
         # Copy-in: strike the Syncs sent before the client's CopyDone/CopyFail, if it has
-        # sent one already; else all of them, and stop counting Syncs until it does.
+        # sent one already; else all of them, and stop counting Syncs until it does. A
+        # Query, FunctionCall or segment after the COPY's request and before that bound is
+        # read in copy-in: the COPY fails there, and what follows is answered (doubtful).
         kept: list[int] = []
         ended = False
+        head_seen = False
         struck = 0
         for entry in owed:
             if entry == _COPY_DONE or entry == _COPY_FAIL:
                 ended = True
-            elif entry == _SYNC and not ended:
-                self.pending -= 1
-                struck += 1
-                continue
+            elif entry == _SEGMENT:
+                if head_seen and not ended:
+                    self.doubtful = True
+                continue  # a position only: its part is done here
+            elif not ended:
+                if head_seen and entry != _SYNC:
+                    self.doubtful = True
+                head_seen = True
+                if entry == _SYNC:
+                    self.pending -= 1
+                    struck += 1
+                    continue
             kept.append(entry)
         self.first = kept[0] if kept else 0
         self.later = deque(kept[1:]) if len(kept) > 1 else None
@@ -234,6 +259,8 @@ class FrontendLedger:
         count, queue.skipped = queue.skipped, 0
         kept: list[int] = []
         for entry in self.owed:
+            if entry == _SEGMENT:
+                continue  # a position only (skipped Queries end no COPY window)
             if count:
                 if entry == _QUERY or entry == _FUNCTION_CALL:
                     count -= 1
@@ -266,11 +293,12 @@ class FrontendLedger:
         is owed nothing more."""
         while self.first:
             entry = self._take_oldest()
-            if entry != _COPY_DONE and entry != _COPY_FAIL:
+            if entry != _COPY_DONE and entry != _COPY_FAIL and entry != _SEGMENT:
                 break
         # A CopyDone/CopyFail now at the front ended a COPY of the request just answered
-        # (or was sent after it was refused): it bounds no COPY to come.
-        while self.first == _COPY_DONE or self.first == _COPY_FAIL:
+        # (or was sent after it was refused): it bounds no COPY to come. A SEGMENT mark
+        # there is behind nothing owed any more.
+        while self.first == _COPY_DONE or self.first == _COPY_FAIL or self.first == _SEGMENT:
             self._take_oldest()
         if self.pending > 0:
             self.pending -= 1

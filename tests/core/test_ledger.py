@@ -201,6 +201,46 @@ def test_a_parse_during_copy_in_is_doubtful() -> None:
     assert x.ledger.doubtful
 
 
+@pytest.mark.parametrize("inside", [Q, P + B + E + S, msg(b"F", b"\x00" * 10)],
+                         ids=["query", "segment", "function-call"])
+def test_a_request_sent_before_the_copy_in_response_is_doubtful(inside: bytes) -> None:
+    """The same when the client sent it before the CopyInResponse came, after the COPY and
+    before its CopyDone: the server reads it in copy-in all the same. (Found by the
+    two-client property, tests/net/test_hostile_bytes.py: a Query there was counted as
+    owed its own ReadyForQuery, the COPY's CopyDone as ending it, and the ledger was owed
+    nothing while the server sat in a second COPY: handed on, it read the next client's
+    query as copy data.)"""
+    x = Exchange()
+    x.client_sends(COPY_Q + inside + S + CDONE + COPY_Q)
+    x.server_sends(COPY_IN)
+    assert x.ledger.doubtful
+
+
+@pytest.mark.parametrize("before", [Q, P + B + E + S])
+def test_an_extended_copy_behind_an_answered_request_is_not_doubtful(before: bytes) -> None:
+    """A segment opened while a request was owed leaves a mark in `owed`; once that request
+    is answered the mark goes, and a COPY the segment runs is judged as usual."""
+    x = Exchange()
+    x.client_sends(before + P + B + E + S)
+    x.server_sends(READY_I)
+    x.server_sends(COPY_IN)
+    assert not x.ledger.doubtful and x.ledger.copy == lg.COPY_IN
+    x.client_sends(CD + CDONE + S)
+    x.server_sends(COMPLETE + READY_I)
+    assert x.ledger.idle() and x.released == 1 and x.ledger.owed == []
+
+
+def test_pipelined_segments_owe_one_ready_each() -> None:
+    """Three segments sent before any reply: three ReadyForQuery, then nothing owed."""
+    x = Exchange()
+    x.client_sends((P + B + E + S) * 3)
+    assert x.ledger.pending == 3
+    x.server_sends(READY_I + READY_I)
+    assert not x.ledger.idle() and x.released == 0
+    x.server_sends(READY_I)
+    assert x.ledger.idle() and x.released == 1 and x.ledger.owed == []
+
+
 def test_two_copies_in_one_query() -> None:
     """COPY a FROM STDIN; COPY b FROM STDIN: the first CopyDone bounds nothing of the second,
     whose Syncs in copy-in are ignored too."""

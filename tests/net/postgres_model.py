@@ -104,6 +104,9 @@ class Backend:
                 return m.command_complete("COPY 0") + m.ready_for_query(self.status)
             if letter == "f":
                 return self._error("COPY from stdin failed", "57014", True)
+            # PostgreSQL 13 and before, which read the message first; 14 and later end the
+            # connection here (FATAL: protocol synchronization was lost), which the pooler
+            # meets as a server that died. The pooler must be right for both.
             return self._error("unexpected message type during COPY from stdin", "08P01",
                                 True)
         if self.skipping and letter != "S":

@@ -570,38 +570,55 @@ def _execute_unnamed(statement: bytes) -> bytes:
     return bind + m.message(m.EXECUTE, b"\x00\x00\x00\x00\x00") + m.sync()
 
 
-class SecondClient:
-    """A well-behaved client beside the first: `SELECT 1` as a simple Query, or, with
-    prepared statements rewritten, through its named statement `s1` (parsed the first
-    time) or an unnamed one; what each should get on a connection of its own."""
+Step = tuple[bytes, list[str]]  # what a client sends, and what it should get for it
 
-    def __init__(self, client: Any, backends: Backends, rewriting: bool) -> None:
+
+class SecondClient:
+    """A well-behaved client beside the first: `SELECT 1` as a simple Query, or in a
+    transaction block of three Queries, or, with prepared statements rewritten, through its
+    named statement `s1` (parsed the first time) or an unnamed one; `expected` is what it
+    should get on a connection of its own, ReadyForQuery with its status."""
+
+    def __init__(self, client: Any, backends: Backends, rewriting: bool,
+                 unnamed: bool = True) -> None:
         self.client = client
         self.backends = backends
-        self.rewriting = rewriting
+        self.kinds = ["simple", "block"]
+        if rewriting:
+            self.kinds += ["named", "unnamed"] if unnamed else ["named"]
         self.parsed = False
         self.expected: list[str] = []
 
-    def request(self, data: st.DataObject) -> None:
-        kind = data.draw(st.sampled_from(["simple", "named", "unnamed"]
-                                         if self.rewriting else ["simple"]))
+    def steps(self, data: st.DataObject) -> list[Step]:
+        """One request, drawn, as the steps it is sent in (a block's three Queries)."""
+        kind = data.draw(st.sampled_from(self.kinds))
         if kind == "simple":
-            sent, expected = m.query("SELECT 1"), ["C", "ZI"]
-        elif kind == "named":
-            sent, expected = _execute_unnamed(b"s1"), ["2", "C", "ZI"]
-            if not self.parsed:
-                self.parsed = True
-                sent = m.message(m.PARSE, b"s1\x00SELECT 1\x00\x00\x00") + sent
-                expected = ["1", *expected]
-        else:
-            sent = m.message(m.PARSE, b"\x00SELECT 1\x00\x00\x00") + _execute_unnamed(b"")
-            expected = ["1", "2", "C", "ZI"]
+            return [(m.query("SELECT 1"), ["C", "ZI"])]
+        if kind == "block":
+            return [(m.query("BEGIN"), ["C", "ZT"]), (m.query("SELECT 1"), ["C", "ZT"]),
+                    (m.query("COMMIT"), ["C", "ZI"])]
+        if kind == "named":
+            if self.parsed:
+                return [(_execute_unnamed(b"s1"), ["2", "C", "ZI"])]
+            self.parsed = True
+            parse = m.message(m.PARSE, b"s1\x00SELECT 1\x00\x00\x00")
+            return [(parse + _execute_unnamed(b"s1"), ["1", "2", "C", "ZI"])]
+        parse = m.message(m.PARSE, b"\x00SELECT 1\x00\x00\x00")
+        return [(parse + _execute_unnamed(b""), ["1", "2", "C", "ZI"])]
+
+    def send(self, step: Step, data: st.DataObject) -> None:
+        """Send one step, in two reads or one, each answered as far as it goes."""
+        sent, expected = step
         self.expected += expected
-        cut = data.draw(st.integers(0, len(sent) - 1))  # in two reads, or one
+        cut = data.draw(st.integers(0, len(sent) - 1))
         for piece in (sent[:cut], sent[cut:]):
             if piece:
                 self.client.send(piece)
                 self.backends.pump()
+
+    def request(self, data: st.DataObject) -> None:
+        for step in self.steps(data):
+            self.send(step, data)
 
 
 @PROPERTY
@@ -710,6 +727,63 @@ def test_a_cancel_lands_only_on_the_server_its_client_holds(
     finally:
         fake.close()
     assert got == second.expected, got
+
+
+@PROPERTY
+@given(st.lists(st.one_of(message(mutate=False), copy_in()), min_size=1, max_size=10),
+       st.data())
+def test_two_clients_on_one_server_each_get_what_postgresql_would_answer(
+        messages: list[bytes], data: st.DataObject) -> None:
+    """The referee property above with a second client on the pool's one server: the
+    first's stream in pieces and the second's requests (SecondClient, transaction blocks
+    too, so the first waits with what it sent kept) in any order. The first gets what a
+    direct connection gets for its stream (as above: unless the pooler refused or doubted,
+    which ends it), the second what it should, and neither anything of the other's."""
+    copy = m.query("COPY t FROM STDIN")
+    assume(all(b"COPY" not in message or (message.startswith(copy) and message != copy)
+               for message in messages))
+    direct = Backend()
+    expected = replies(direct.feed(b"".join(messages)))
+    unflushed = replies(direct.output)
+    rewriting = data.draw(st.sampled_from([0, 20]))
+    depth = data.draw(st.sampled_from([0, 0, 4]))
+    fake = FakePooler(make_settings(max_prepared_statements=rewriting,
+                                    session_state="follow", pipeline_depth=depth))
+    try:
+        first, server = fake.client_with_server()
+        backends = Backends(fake)
+        backends.open[server.conn] = (server, Backend())
+        # No unnamed statement of its own: the model's backend has one for both clients.
+        second = SecondClient(fake.connect(), backends, bool(rewriting), unnamed=False)
+        theirs: list[Step] = []
+        for _ in range(data.draw(st.integers(1, 4))):
+            theirs += second.steps(data)
+        ours = pieces(messages, data)
+        order = data.draw(st.permutations([True] * len(ours) + [False] * len(theirs)))
+        for first_turn in order:
+            if first_turn:
+                piece = ours.pop(0)
+                if not first.transport.closed:
+                    first.send(piece)
+                    backends.pump()
+            else:
+                second.send(theirs.pop(0), data)
+        got = replies(first.take())
+        cut_off = first.transport.closed
+        if not cut_off:
+            first.leave()  # a transaction it left open, a pin: the second waits for these
+        backends.pump()
+        got_second = replies_and_status(second.client.take())
+    finally:
+        fake.close()
+    assert got_second == second.expected, got_second
+    if cut_off and got[-1:] == ["E08P01"]:
+        # The pooler refused what it could not read, or closed the server where its count
+        # of replies was in doubt: what came before is a direct connection's.
+        assert got[:-1] == expected[:len(got) - 1]
+        return
+    assert got[:len(expected)] == expected
+    assert got[len(expected):] == unflushed[:len(got) - len(expected)]
 
 
 def test_a_malformed_set_does_not_drop_the_next_client(fake_pooler: Any) -> None:
