@@ -18,6 +18,11 @@ import struct
 from pypool.protocol import messages as m
 
 _WORD = re.compile(rb"\s*([A-Za-z_]+)")
+# The pooler's SET of a client's parameters (pooling/params.py `set_statements`).
+_SET_CONFIG = re.compile(rb"set_config\(E?'([^']*)', E?'([^']*)', false\)")
+# Parameters PostgreSQL reports with a ParameterStatus when they change (GUC_REPORT).
+_REPORTED = frozenset({b"application_name", b"client_encoding", b"DateStyle", b"IntervalStyle",
+                       b"TimeZone", b"standard_conforming_strings"})
 _NAME = re.compile(rb"\s*([A-Za-z_][A-Za-z0-9_]*|\"(?:[^\"]|\"\")+\")")
 
 
@@ -205,7 +210,10 @@ class Backend:
             return m.message(ord("G"), b"\x00\x00\x00")  # CopyInResponse, text, no columns
         if self.status == m.TX_IDLE:
             self.portals.clear()
-        return m.command_complete(tag) + m.ready_for_query(self.status)
+        # A reported parameter set: its ParameterStatus comes before the ReadyForQuery.
+        reported = b"".join(m.parameter_status(name.decode(), value.decode())
+                            for name, value in _SET_CONFIG.findall(text) if name in _REPORTED)
+        return m.command_complete(tag) + reported + m.ready_for_query(self.status)
 
     def _parse(self, body: Body) -> bytes:
         name = body.string()

@@ -323,12 +323,13 @@ def test_a_malformed_message_held_behind_a_set_drops_only_its_client(fake_pooler
 
 def replies(data: bytes) -> list[str]:
     """Backend messages as their type letters, an ErrorResponse with its SQLSTATE; not the
-    NoticeResponses (the pooler's own say a client keeps its server)."""
+    NoticeResponses (the pooler's own say a client keeps its server), nor the
+    ParameterStatus messages (the pooler's SET of a client's parameters sends some)."""
     out, pos = [], 0
     while len(data) - pos >= 5:
         end = pos + 1 + int.from_bytes(data[pos + 1:pos + 5], "big")
         kind = chr(data[pos])
-        if kind == "N":
+        if kind == "N" or kind == "S":
             pos = end
             continue
         if kind == "E":
@@ -570,6 +571,8 @@ def _execute_unnamed(statement: bytes) -> bytes:
     return bind + m.message(m.EXECUTE, b"\x00\x00\x00\x00\x00") + m.sync()
 
 
+# The second client's startup parameters: the first's, or others, SET at each link.
+OTHER_PARAMS = st.sampled_from([{}, {"application_name": "second"}, {"TimeZone": "Asia/Tokyo"}])
 Step = tuple[bytes, list[str]]  # what a client sends, and what it should get for it
 
 
@@ -642,7 +645,8 @@ def test_a_second_client_never_sees_the_first_ones_session(
         first, server = fake.client_with_server()
         backends = Backends(fake)
         backends.open[server.conn] = (server, Backend())
-        second = SecondClient(fake.connect(), backends, bool(rewriting))
+        second = SecondClient(fake.connect(**data.draw(OTHER_PARAMS)), backends,
+                              bool(rewriting))
         parts = pieces(messages, data)
         leave_after = data.draw(st.integers(0, len(parts)))
         for at, piece in enumerate(parts):
@@ -682,7 +686,8 @@ def test_a_cancel_lands_only_on_the_server_its_client_holds(
         first, server = fake.client_with_server()
         backends = Backends(fake)
         backends.open[server.conn] = (server, Backend())
-        second = SecondClient(fake.connect(), backends, bool(rewriting))
+        second = SecondClient(fake.connect(**data.draw(OTHER_PARAMS)), backends,
+                              bool(rewriting))
 
         def cancel() -> None:
             holder = first.conn.server
@@ -754,7 +759,8 @@ def test_two_clients_on_one_server_each_get_what_postgresql_would_answer(
         backends = Backends(fake)
         backends.open[server.conn] = (server, Backend())
         # No unnamed statement of its own: the model's backend has one for both clients.
-        second = SecondClient(fake.connect(), backends, bool(rewriting), unnamed=False)
+        second = SecondClient(fake.connect(**data.draw(OTHER_PARAMS)), backends,
+                              bool(rewriting), unnamed=False)
         theirs: list[Step] = []
         for _ in range(data.draw(st.integers(1, 4))):
             theirs += second.steps(data)
