@@ -255,15 +255,19 @@ class Backend:
         target = body.int(1)
         name = body.string()
         body.end()
-        if self._failed_block():
-            return self._error("current transaction is aborted", "25P02", False)
+        # As exec_describe_*_message: the statement or portal is looked up first, then an
+        # aborted transaction refuses the Describe.
         if target == ord("S"):
             if name not in self.statements:
                 return self._error("prepared statement does not exist", "26000", False)
+            if self._failed_block():
+                return self._error("current transaction is aborted", "25P02", False)
             return m.message(ord("t"), struct.pack("!h", 0)) + m.message(ord("n"))
         if target == ord("P"):
             if name not in self.portals:
                 return self._error("portal does not exist", "34000", False)
+            if self._failed_block():
+                return self._error("current transaction is aborted", "25P02", False)
             return m.message(ord("n"))  # NoData
         raise Malformed("invalid DESCRIBE message subtype")
 

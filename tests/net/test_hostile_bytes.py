@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from pypool.core.states import ClientState, ServerState
+from pypool.pooler import janitor
 from pypool.protocol import messages as m
 from tests.net.fakes import FakePooler, errors_in, make_settings, query_texts
 from tests.net.postgres_model import Backend
@@ -790,6 +791,76 @@ def test_two_clients_on_one_server_each_get_what_postgresql_would_answer(
         return
     assert got[:len(expected)] == expected
     assert got[len(expected):] == unflushed[:len(got) - len(expected)]
+
+
+def _as_far_as_it_went(got: list[str], expected: list[str], ended: bool) -> None:
+    """What a client got is what it should get, or, when the pooler ended it, a prefix of
+    that and then the pooler's error (08P01)."""
+    if ended and got[-1:] == ["E08P01"]:
+        assert got[:-1] == expected[:len(got) - 1], (got, expected)
+    else:
+        assert got == expected, (got, expected)
+
+
+@PROPERTY
+@given(st.lists(st.one_of(message(mutate=False), copy_in()), min_size=1, max_size=8),
+       st.data())
+def test_two_clients_under_timeouts_get_answers_or_the_pooler_s_error(
+        messages: list[bytes], data: st.DataObject) -> None:
+    """The two clients of the property above, with query_wait_timeout,
+    idle_transaction_timeout and query_timeout set and the clock moved past them at any
+    point (the janitor's sweep): each client gets what it would get directly, or a prefix
+    of that and the pooler's error that ends it; a timeout never ends the other client,
+    nor hands it a server with the first one's replies to come."""
+    copy = m.query("COPY t FROM STDIN")
+    assume(all(b"COPY" not in message or (message.startswith(copy) and message != copy)
+               for message in messages))
+    direct = Backend()
+    expected = replies(direct.feed(b"".join(messages)))
+    expected += replies(direct.output)  # what a Sync or Flush the first never sent holds
+    rewriting = data.draw(st.sampled_from([0, 20]))
+    depth = data.draw(st.sampled_from([0, 0, 4]))
+    fake = FakePooler(make_settings(
+        max_prepared_statements=rewriting, session_state="follow", pipeline_depth=depth,
+        query_wait_timeout=5.0, idle_transaction_timeout=5.0, query_timeout=5.0))
+    try:
+        first, server = fake.client_with_server()
+        backends = Backends(fake)
+        backends.open[server.conn] = (server, Backend())
+        second = SecondClient(fake.connect(**data.draw(OTHER_PARAMS)), backends,
+                              bool(rewriting), unnamed=False)
+        theirs: list[Step] = []
+        for _ in range(data.draw(st.integers(1, 3))):
+            theirs += second.steps(data)
+        ours = pieces(messages, data)
+        order = data.draw(st.permutations([True] * len(ours) + [False] * len(theirs)))
+        for first_turn in order:
+            if first_turn:
+                piece = ours.pop(0)
+                if not first.transport.closed:
+                    first.send(piece)
+                    backends.pump()
+            else:
+                step = theirs.pop(0)
+                if not second.client.transport.closed:
+                    second.send(step, data)
+            if data.draw(st.booleans()):
+                fake.clock.advance(6.0)
+                janitor.sweep(fake.pooler)
+                backends.pump()
+        got = replies(first.take())
+        if not first.transport.closed:
+            first.leave()
+        backends.pump()
+        got_second = replies_and_status(second.client.take())
+        second_ended = second.client.transport.closed
+    finally:
+        fake.close()
+    _as_far_as_it_went(got_second, second.expected, second_ended)
+    if got[-1:] == ["E08P01"]:
+        assert got[:-1] == expected[:len(got) - 1], (got, expected)
+    else:
+        assert got == expected[:len(got)], (got, expected)
 
 
 def test_a_malformed_set_does_not_drop_the_next_client(fake_pooler: Any) -> None:
