@@ -610,15 +610,17 @@ class SecondClient:
         parse = m.message(m.PARSE, b"\x00SELECT 1\x00\x00\x00")
         return [(parse + _execute_unnamed(b""), ["1", "2", "C", "ZI"])]
 
-    def send(self, step: Step, data: st.DataObject) -> None:
-        """Send one step, in two reads or one, each answered as far as it goes."""
+    def send(self, step: Step, data: st.DataObject, lazy: bool = False) -> None:
+        """Send one step, in two reads or one, each answered as far as it goes (`lazy`:
+        PostgreSQL may answer later, with both clients' requests in flight)."""
         sent, expected = step
         self.expected += expected
         cut = data.draw(st.integers(0, len(sent) - 1))
         for piece in (sent[:cut], sent[cut:]):
             if piece:
                 self.client.send(piece)
-                self.backends.pump()
+                if not lazy or data.draw(st.booleans()):
+                    self.backends.pump()
 
     def request(self, data: st.DataObject) -> None:
         for step in self.steps(data):
@@ -767,14 +769,19 @@ def test_two_clients_on_one_server_each_get_what_postgresql_would_answer(
             theirs += second.steps(data)
         ours = pieces(messages, data)
         order = data.draw(st.permutations([True] * len(ours) + [False] * len(theirs)))
+        # PostgreSQL answers after each read, or later: then both clients' requests are in
+        # flight at once (queued, in a pipeline's line, held behind a SET).
+        lazy = data.draw(st.booleans())
         for first_turn in order:
             if first_turn:
                 piece = ours.pop(0)
                 if not first.transport.closed:
                     first.send(piece)
-                    backends.pump()
+                    if not lazy or data.draw(st.booleans()):
+                        backends.pump()
             else:
-                second.send(theirs.pop(0), data)
+                second.send(theirs.pop(0), data, lazy)
+        backends.pump()
         got = replies(first.take())
         cut_off = first.transport.closed
         if not cut_off:
