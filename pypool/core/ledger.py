@@ -298,8 +298,10 @@ class FrontendLedger:
         # A CopyDone/CopyFail now at the front ended a COPY of the request just answered
         # (or was sent after it was refused): it bounds no COPY to come. A SEGMENT mark
         # there is behind nothing owed any more.
-        while self.first == _COPY_DONE or self.first == _COPY_FAIL or self.first == _SEGMENT:
+        first = self.first
+        while first and (first == _COPY_DONE or first == _COPY_FAIL or first == _SEGMENT):
             self._take_oldest()
+            first = self.first
         if self.pending > 0:
             self.pending -= 1
         else:
