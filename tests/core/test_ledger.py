@@ -206,7 +206,7 @@ def test_a_parse_during_copy_in_is_doubtful() -> None:
 def test_a_request_sent_before_the_copy_in_response_is_doubtful(inside: bytes) -> None:
     """The same when the client sent it before the CopyInResponse came, after the COPY and
     before its CopyDone: the server reads it in copy-in all the same. (Found by the
-    two-client property, tests/net/test_hostile_bytes.py: a Query there was counted as
+    two-client property, tests/net/test_two_clients.py: a Query there was counted as
     owed its own ReadyForQuery, the COPY's CopyDone as ending it, and the ledger was owed
     nothing while the server sat in a second COPY: handed on, it read the next client's
     query as copy data.)"""

@@ -7,7 +7,8 @@ first word (BEGIN, COMMIT, ROLLBACK, PREPARE, EXECUTE, DEALLOCATE, DISCARD ALL, 
 FROM STDIN); every statement succeeds unless the protocol says otherwise. Replies are
 messages.py's. It never runs SQL: it is the referee for what a direct connection would have
 answered (tests/net/test_hostile_bytes.py sends the same bytes to one model directly and,
-through the pooler, to another, and compares).
+through the pooler, to another, and compares; tests/net/test_two_clients.py gives each server
+the pool opens a model of its own).
 """
 
 from __future__ import annotations

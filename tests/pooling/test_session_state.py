@@ -141,8 +141,8 @@ def test_look_at_a_short_query_with_a_semicolon_later_in_the_read(sql: str) -> N
 def test_a_query_postgresql_refuses_whole_changes_nothing(body: bytes) -> None:
     """PostgreSQL reads a Query's text up to its first NUL and refuses the message when
     more follows or no NUL ends it: nothing in it runs, so the look finds nothing. (Found
-    by tests/net/test_hostile_bytes.py: `SET` and two NULs was recorded as a SET of a
-    parameter named NUL, and the next client on that server was sent `RESET "\0"`, which
+    by tests/net/test_two_clients.py: `SET` and two NULs was recorded as a SET of a
+    parameter named NUL, and the next client on that server was sent `RESET "\\0"`, which
     PostgreSQL refused, and that client was dropped.)"""
     query = b"Q" + (len(body) + 4).to_bytes(4, "big") + body
     assert ss.look(ord("Q"), query, 0, len(query)) is None
