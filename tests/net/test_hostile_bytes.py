@@ -29,14 +29,7 @@ from pypool.core.states import ClientState, ServerState
 from pypool.protocol import messages as m
 from tests.net.fakes import FakePooler, errors_in, make_settings, query_texts
 from tests.net.postgres_model import Backend
-from tests.net.traffic import (
-    PROPERTY,
-    copied_as_clients_copy,
-    copy_in,
-    message,
-    pieces,
-    replies,
-)
+from tests.net.traffic import PROPERTY, copied_as_clients_copy, copy_in, message, pieces, replies
 
 pytestmark = pytest.mark.timeout(120)
 

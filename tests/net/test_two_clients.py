@@ -10,7 +10,8 @@ tries (300 by default).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -20,16 +21,9 @@ from hypothesis import strategies as st
 from pypool.core.states import ServerState
 from pypool.pooler import janitor
 from pypool.protocol import messages as m
-from tests.net.fakes import FakePooler, make_settings
+from tests.net.fakes import Client, FakePooler, make_settings
 from tests.net.postgres_model import Backend
-from tests.net.traffic import (
-    PROPERTY,
-    copied_as_clients_copy,
-    copy_in,
-    message,
-    pieces,
-    replies,
-)
+from tests.net.traffic import PROPERTY, copied_as_clients_copy, copy_in, message, pieces, replies
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -85,6 +79,8 @@ def _execute_unnamed(statement: bytes) -> bytes:
     return bind + m.message(m.EXECUTE, b"\x00\x00\x00\x00\x00") + m.sync()
 
 
+# Well-formed traffic from the first client: whole message bodies, COPY as clients run it.
+WELL_FORMED = st.lists(st.one_of(message(mutate=False), copy_in()), min_size=1, max_size=10)
 # The second client's startup parameters: the first's, or others, SET at each link.
 OTHER_PARAMS = st.sampled_from([{}, {"application_name": "second"}, {"TimeZone": "Asia/Tokyo"}])
 Step = tuple[bytes, list[str]]  # what a client sends, and what it should get for it
@@ -140,6 +136,41 @@ class SecondClient:
             self.send(step, data)
 
 
+@contextmanager
+def two_clients(data: st.DataObject, unnamed: bool = True,
+                **keys: Any) -> Iterator[tuple[FakePooler, Client, Backends, SecondClient]]:
+    """A pool of one server (prepared statements rewritten or not, pipelining on or off:
+    drawn; `keys` besides), its server logged in and modelled, the first client welcomed
+    into it, and the second (SecondClient) connected with parameters of its own or the
+    first's (OTHER_PARAMS)."""
+    rewriting = data.draw(st.sampled_from([0, 20]))
+    depth = data.draw(st.sampled_from([0, 0, 4]))  # pipelining: a line behind the first
+    fake = FakePooler(make_settings(max_prepared_statements=rewriting,
+                                    session_state="follow", pipeline_depth=depth, **keys))
+    try:
+        first, server = fake.client_with_server()
+        backends = Backends(fake)
+        backends.open[server.conn] = (server, Backend())
+        second = SecondClient(fake.connect(**data.draw(OTHER_PARAMS)), backends,
+                              bool(rewriting), unnamed)
+        yield fake, first, backends, second
+    finally:
+        fake.close()
+
+
+def assert_answered(data: st.DataObject, first: Client, backends: Backends,
+                    second: SecondClient) -> None:
+    """The second's last request; then the first goes, if it has not (what it still holds
+    is let go: closed, or handed on clean), and once everything is answered the second has
+    had exactly what a connection of its own would have had, ReadyForQuery statuses too."""
+    second.request(data)
+    if not first.transport.closed:
+        first.leave()
+    backends.pump()
+    got = replies_and_status(second.client.take())
+    assert got == second.expected, got
+
+
 @PROPERTY
 @given(st.lists(st.one_of(message(), message(mutate=False), copy_in()), min_size=1,
                 max_size=10),
@@ -153,16 +184,7 @@ def test_a_second_client_never_sees_the_first_ones_session(
     'I': never run inside the first's transaction or with its statements, never read as the
     rest of one of its messages, never answered with its replies; and once the first has
     gone, all of them are answered."""
-    rewriting = data.draw(st.sampled_from([0, 20]))
-    depth = data.draw(st.sampled_from([0, 0, 4]))  # pipelining: a line behind the first
-    fake = FakePooler(make_settings(max_prepared_statements=rewriting,
-                                    session_state="follow", pipeline_depth=depth))
-    try:
-        first, server = fake.client_with_server()
-        backends = Backends(fake)
-        backends.open[server.conn] = (server, Backend())
-        second = SecondClient(fake.connect(**data.draw(OTHER_PARAMS)), backends,
-                              bool(rewriting))
+    with two_clients(data) as (fake, first, backends, second):
         parts = pieces(messages, data)
         leave_after = data.draw(st.integers(0, len(parts)))
         for at, piece in enumerate(parts):
@@ -175,35 +197,18 @@ def test_a_second_client_never_sees_the_first_ones_session(
             if at + 1 == leave_after and not first.transport.closed:
                 first.leave()
                 backends.pump()
-        second.request(data)
-        if not first.transport.closed:
-            first.leave()  # what it still holds is let go (closed or handed on clean)
-        backends.pump()
-        got = replies_and_status(second.client.take())
-    finally:
-        fake.close()
-    assert got == second.expected, got
+        assert_answered(data, first, backends, second)
 
 
 @PROPERTY
-@given(st.lists(st.one_of(message(mutate=False), copy_in()), min_size=1, max_size=10),
-       st.data())
+@given(WELL_FORMED, st.data())
 def test_a_cancel_lands_only_on_the_server_its_client_holds(
         messages: list[bytes], data: st.DataObject) -> None:
     """The two clients of the property above; the first also sends CancelRequests with
     its key at any point, and PostgreSQL takes them (closes their connections) at any later
     point. A cancel goes out only for a server the first client holds, and when it lands
     that server serves no one else: a cancel hits only its own client's query."""
-    rewriting = data.draw(st.sampled_from([0, 20]))
-    depth = data.draw(st.sampled_from([0, 0, 4]))
-    fake = FakePooler(make_settings(max_prepared_statements=rewriting,
-                                    session_state="follow", pipeline_depth=depth))
-    try:
-        first, server = fake.client_with_server()
-        backends = Backends(fake)
-        backends.open[server.conn] = (server, Backend())
-        second = SecondClient(fake.connect(**data.draw(OTHER_PARAMS)), backends,
-                              bool(rewriting))
+    with two_clients(data) as (fake, first, backends, second):
 
         def cancel() -> None:
             holder = first.conn.server
@@ -239,20 +244,12 @@ def test_a_cancel_lands_only_on_the_server_its_client_holds(
                 break
             first.send(piece)
             backends.pump()
-        second.request(data)
         land()
-        if not first.transport.closed:
-            first.leave()
-        backends.pump()
-        got = replies_and_status(second.client.take())
-    finally:
-        fake.close()
-    assert got == second.expected, got
+        assert_answered(data, first, backends, second)
 
 
 @PROPERTY
-@given(st.lists(st.one_of(message(mutate=False), copy_in()), min_size=1, max_size=10),
-       st.data())
+@given(WELL_FORMED, st.data())
 def test_two_clients_on_one_server_each_get_what_postgresql_would_answer(
         messages: list[bytes], data: st.DataObject) -> None:
     """The referee property above with a second client on the pool's one server: the
@@ -264,17 +261,8 @@ def test_two_clients_on_one_server_each_get_what_postgresql_would_answer(
     direct = Backend()
     expected = replies(direct.feed(b"".join(messages)))
     unflushed = replies(direct.output)
-    rewriting = data.draw(st.sampled_from([0, 20]))
-    depth = data.draw(st.sampled_from([0, 0, 4]))
-    fake = FakePooler(make_settings(max_prepared_statements=rewriting,
-                                    session_state="follow", pipeline_depth=depth))
-    try:
-        first, server = fake.client_with_server()
-        backends = Backends(fake)
-        backends.open[server.conn] = (server, Backend())
-        # No unnamed statement of its own: the model's backend has one for both clients.
-        second = SecondClient(fake.connect(**data.draw(OTHER_PARAMS)), backends,
-                              bool(rewriting), unnamed=False)
+    # No unnamed statement of the second's: the model's backend has one for both clients.
+    with two_clients(data, unnamed=False) as (fake, first, backends, second):
         theirs: list[Step] = []
         for _ in range(data.draw(st.integers(1, 4))):
             theirs += second.steps(data)
@@ -299,8 +287,6 @@ def test_two_clients_on_one_server_each_get_what_postgresql_would_answer(
             first.leave()  # a transaction it left open, a pin: the second waits for these
         backends.pump()
         got_second = replies_and_status(second.client.take())
-    finally:
-        fake.close()
     assert got_second == second.expected, got_second
     if cut_off and got[-1:] == ["E08P01"]:
         # The pooler refused what it could not read, or closed the server where its count
@@ -334,17 +320,9 @@ def test_two_clients_under_timeouts_get_answers_or_the_pooler_s_error(
     direct = Backend()
     expected = replies(direct.feed(b"".join(messages)))
     expected += replies(direct.output)  # what a Sync or Flush the first never sent holds
-    rewriting = data.draw(st.sampled_from([0, 20]))
-    depth = data.draw(st.sampled_from([0, 0, 4]))
-    fake = FakePooler(make_settings(
-        max_prepared_statements=rewriting, session_state="follow", pipeline_depth=depth,
-        query_wait_timeout=5.0, idle_transaction_timeout=5.0, query_timeout=5.0))
-    try:
-        first, server = fake.client_with_server()
-        backends = Backends(fake)
-        backends.open[server.conn] = (server, Backend())
-        second = SecondClient(fake.connect(**data.draw(OTHER_PARAMS)), backends,
-                              bool(rewriting), unnamed=False)
+    with two_clients(
+        data, unnamed=False, query_wait_timeout=5.0, idle_transaction_timeout=5.0,
+        query_timeout=5.0) as (fake, first, backends, second):
         theirs: list[Step] = []
         for _ in range(data.draw(st.integers(1, 3))):
             theirs += second.steps(data)
@@ -370,8 +348,6 @@ def test_two_clients_under_timeouts_get_answers_or_the_pooler_s_error(
         backends.pump()
         got_second = replies_and_status(second.client.take())
         second_ended = second.client.transport.closed
-    finally:
-        fake.close()
     _as_far_as_it_went(got_second, second.expected, second_ended)
     if got[-1:] == ["E08P01"]:
         assert got[:-1] == expected[:len(got) - 1], (got, expected)
