@@ -205,13 +205,21 @@ class PsycopgClient:
         return int(await self.fetchval("SELECT pg_backend_pid()"))
 
     async def abort(self) -> None:
-        """Die abruptly: shutdown() on a duplicate of libpq's descriptor, so the pooler
-        reads EOF with no Terminate before it (libpq's own Terminate then fails to go)."""
+        """Die abruptly (`sever`), then close."""
+        self.sever()
+        await self.close()
+
+    def sever(self) -> None:
+        """Die abruptly as the pooler sees it: shutdown() on a duplicate of libpq's
+        descriptor, so the pooler reads EOF with no Terminate before it (libpq's own
+        Terminate then fails to go). libpq's connection stays allocated until `close`: a
+        task still inside it (a COMMIT in flight) gets its error from the dead socket.
+        Closing it under such a task frees the PGconn that task's wait still uses (seen as
+        a hang in libpq's fflush of freed memory)."""
         sock = socket.socket(fileno=os.dup(self.conn.fileno()))
         _linger_zero(sock)
         sock.shutdown(socket.SHUT_RDWR)
         sock.close()
-        await self.close()
 
     async def close(self) -> None:
         try:
@@ -253,8 +261,11 @@ class AsyncpgClient:
         return int(await self.fetchval("SELECT pg_backend_pid()"))
 
     async def abort(self) -> None:
+        self.sever()
+
+    def sever(self) -> None:
         """Die abruptly: SO_LINGER 0 turns asyncpg's transport abort into an RST (asyncpg
-        keeps its transport private)."""
+        keeps its transport private; a task still inside the connection gets its error)."""
         _linger_zero(self.conn._transport.get_extra_info("socket"))
         self.conn.terminate()
 
@@ -347,11 +358,12 @@ async def commit_and_die(client: Client, attempt: Attempt) -> None:
         attempt.commit_sent = True
         sent, answered = asyncio.ensure_future(client.execute("COMMIT")), _answered
     await asyncio.sleep(0)  # the task's first step writes the request
-    await client.abort()
+    client.sever()
     try:  # done already if the answer beat the abort; no answer can come after it
         answered(attempt, await asyncio.wait_for(sent, 0.2))
     except Exception:  # noqa: BLE001 - the usual case
         pass
+    await client.close()  # only now: no task is inside the driver's connection any more
 
 
 async def cancel_late(client: Client, attempt: Attempt, rng: random.Random) -> None:
