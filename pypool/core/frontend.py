@@ -165,9 +165,9 @@ class RequestReader:
         rewriting, watch = self.rewriting, self.watch
         # Messages to rewrite are read whole (so are all messages while there is no server);
         # `parts` collects the rewritten bytes up to `start`, `done` what is ready before
-        # a dropped message.
-        parts: list[bytes] = []
-        done: list[bytes] = []
+        # a dropped message: made when first needed (nearly every read needs neither).
+        parts: list[bytes] | None = None
+        done: list[bytes] | None = None
         start = 0
         while n - pos >= 5:
             kind = data[pos]
@@ -202,6 +202,8 @@ class RequestReader:
                         if out is prepared.WAIT:
                             self.blocked = True  # the caller resumes with what follows
                             break
+                        if parts is None:
+                            parts = []
                         if start < pos:
                             parts.append(data[start:pos])
                         parts.append(out)  # type: ignore[arg-type]
@@ -215,6 +217,8 @@ class RequestReader:
                 ledger.request(kind)
             elif (action == _FLUSH or action == _COPY_MESSAGE) and self._dropped(
                     action, kind, size, linked):
+                if done is None:
+                    done = []
                 if pos:
                     done.append(_rewritten(data, pos, parts, start))
                 end = pos + size
@@ -222,7 +226,7 @@ class RequestReader:
                     self.drop = end - n
                     return b"".join(done)
                 data = data[end:]
-                n, pos, parts, start = len(data), 0, [], 0
+                n, pos, parts, start = len(data), 0, None, 0
                 continue
             elif action == _TERMINATE:
                 self.terminated = True
@@ -386,8 +390,8 @@ class RequestReader:
             return not linked and self.ledger.idle() and size == 5
         return not self.ledger.copy_message(kind)
 
-    def _finish(self, data: bytes, pos: int, parts: list[bytes], start: int,
-                done: list[bytes], was_idle: bool) -> bytes:
+    def _finish(self, data: bytes, pos: int, parts: list[bytes] | None, start: int,
+                done: list[bytes] | None, was_idle: bool) -> bytes:
         """The end of a read walked up to `pos`: what comes after it waits (a message's
         start) or is skipped (the rest of one passed on), and the bytes for the server."""
         n = len(data)
@@ -412,12 +416,11 @@ class RequestReader:
             return b"".join(done)
         return data
 
-    def _ending(self, done: list[bytes], data: bytes, pos: int, parts: list[bytes],
-                start: int) -> bytes:
+    def _ending(self, done: list[bytes] | None, data: bytes, pos: int,
+                parts: list[bytes] | None, start: int) -> bytes:
         """What goes before a message that ends the read (Terminate, an error)."""
-        if pos:
-            done.append(_rewritten(data, pos, parts, start))
-        return b"".join(done)
+        before = b"".join(done) if done else b""
+        return before + _rewritten(data, pos, parts, start) if pos else before
 
     def rewrite_whole(self, st: ServerStatements, data: bytes, bind_end: int = 0) -> bytes:
         """Rewrite whole, already counted messages (the outbox at a link, `held` after a
@@ -430,7 +433,7 @@ class RequestReader:
                 return fast
         elif data and st.plain_segment(data):
             return data
-        parts = []
+        parts: list[bytes] | None = None
         start = pos = 0
         n = len(data)
         while pos < n:
@@ -449,19 +452,22 @@ class RequestReader:
                         self.held = data[pos:]
                         n = pos
                         break
+                    if parts is None:
+                        parts = []
                     parts.append(data[start:pos])
                     parts.append(out)  # type: ignore[arg-type]
                     start = end
             pos = end
         if st.requests.skipped:
             self.ledger.skipped(st.requests)  # Queries dropped in the skip after an error
-        if not parts:
-            return data[:n]
+        if parts is None:
+            # (a slice copies even when it is the whole: compiled code does not share)
+            return data if n == len(data) else data[:n]
         parts.append(data[start:n])
         return b"".join(parts)
 
 
-def _rewritten(data: bytes, pos: int, parts: list[bytes], start: int) -> bytes:
+def _rewritten(data: bytes, pos: int, parts: list[bytes] | None, start: int) -> bytes:
     """The bytes for the server up to `pos`: the rewritten ones, then the rest as is."""
     if not parts:
         return data[:pos]

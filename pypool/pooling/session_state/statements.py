@@ -36,13 +36,17 @@ from .commands import (
     UNTRACKABLE,
     Command,
 )
-from .tokenizer import WORD, byte_table, single, skip_space, statement_end, tokens
+from .tokenizer import WORD, single, skip_space, statement_end, tokens
 
 # --- the hot path ----------------------------------------------------------------------------
 
-# First bytes that can start a statement worth reading: the keywords' initials, whitespace,
-# a comment, a parenthesis.
-_FIRST: Final = byte_table(b"SsRrDdLlUuCcAa \t\r\n-/(")
+# What a statement's first byte says (a bytes table: compiled code reads it as an int):
+# NO for most, READ for whitespace, a comment or a parenthesis (read on), and _INITIAL for
+# an initial of the keywords below.
+_INITIAL: Final = 2
+_OPENING: Final = bytes(
+    _INITIAL if byte in b"SsRrDdLlUuCcAa" else 1 if byte in b" \t\r\n-/(" else 0
+    for byte in range(256))
 # The first three letters of those keywords, lower case, as ints (a << 16 | b << 8 | c):
 # DELETE, RELEASE, LOCK, CLUSTER, ... stop here, and no bytes object is made.
 _THREE: Final = frozenset(
@@ -51,7 +55,6 @@ _THREE: Final = frozenset(
                  b"clo", b"rol", b"abo")
 )
 _SELECT: Final = (ord("s") << 16) | (ord("e") << 8) | ord("l")
-_LETTER: Final = byte_table(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 NO: Final = 0
 READ: Final = 1  # classify it
 CALLS: Final = 2  # a SELECT: only its calls matter
@@ -59,16 +62,17 @@ CALLS: Final = 2  # a SELECT: only its calls matter
 
 def _first_look(data: bytes, start: int, end: int) -> int:
     """NO, READ or CALLS for the statement text data[start:end]."""
-    if start >= end or not _FIRST[data[start]]:
+    if start >= end:
         return NO
-    if not _LETTER[data[start]]:
-        return READ  # whitespace, a comment, a parenthesis: read on
+    opening = _OPENING[data[start]]
+    if opening != _INITIAL:
+        return NO if opening == 0 else READ  # READ: whitespace, a comment, a parenthesis
     if end - start < 3:
         return NO
     three = ((data[start] | 32) << 16) | ((data[start + 1] | 32) << 8) | (data[start + 2] | 32)
-    if three not in _THREE:
-        return NO
-    return CALLS if three == _SELECT else READ
+    if three == _SELECT:  # the common case first: no set lookup, no int made for it
+        return CALLS
+    return READ if three in _THREE else NO
 
 
 def look(kind: int, data: bytes, pos: int, end: int) -> list[Command] | None:
