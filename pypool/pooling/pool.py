@@ -34,6 +34,7 @@ between two events (the unit tests check it after every step, tests/net/fakes.py
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +120,10 @@ class Pool:
         self.login: set[Any] = set()
         self.being_canceled: set[Any] = set()
         self.waiting: deque[Any] = deque()
+        # Its append and popleft, bound once: compiled code looks a deque's method up at
+        # every call (bench/README.md, "Methods looked up"), and both run per transaction.
+        self._join: Callable[[Any], None] = self.waiting.append
+        self._next: Callable[[], Any] = self.waiting.popleft
         # Authenticated replication clients waiting for room for a server of their own
         # (pooler/replication.py), oldest first; None while none waits, as almost always.
         self.replication_waiting: deque[Any] | None = None
@@ -230,14 +235,14 @@ class Pool:
         return twice
 
     def enqueue(self, client: Any) -> None:
-        self.waiting.append(client)
+        self._join(client)
 
     def dequeue(self) -> Any | None:
         """The oldest waiting client (or the queue policy's choice); None if none waits."""
         if not self.waiting:
             return None
         policy = self.queue_policy
-        return self.waiting.popleft() if policy is None else policy.take(self.waiting)
+        return self._next() if policy is None else policy.take(self.waiting)
 
     def unqueue(self, client: Any) -> None:
         try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from ...protocol import messages as m
@@ -65,6 +66,11 @@ class RequestQueue:
     def __init__(self, owner: Outcomes) -> None:
         self.owner = owner
         self.queue: deque[Request] = deque()
+        # Its append and popleft, bound once: compiled code looks a deque's method up at
+        # every call (bench/README.md, "Methods looked up"). The hot path's pushes
+        # (rewriter.py) and `pop_ready` use them.
+        self.append: Callable[[Request], None] = self.queue.append
+        self._popleft: Callable[[], Request] = self.queue.popleft
         self.tracking = Tracking.HOT  # how the server's replies must be read (Tracking)
         self.segment = 0  # Syncs queued so far
         # The transaction status of the last ReadyForQuery, and the requests queued and done
@@ -287,11 +293,10 @@ class RequestQueue:
     def pop_ready(self, status: int) -> None:
         """A ReadyForQuery went by on the hot path: its request (a plain Sync or Query at the
         head) is done."""
-        queue = self.queue
-        queue.popleft()
+        self._popleft()
         self.readies_done += 1
         self.tx_status = status
-        if queue:
+        if self.queue:
             self._advance()
 
     def emit_synthetic(self) -> bytes:

@@ -282,7 +282,7 @@ class ServerStatements:
             # Looked at only if the pooler asks (`neutral_tail`): most Queries never are.
             self.last_neutral = None
             self._last_query = (data, pos + 5, end - 1)
-            requests.queue.append(PLAIN_QUERY)  # `push`, inlined; at the head it needs no
+            requests.append(PLAIN_QUERY)  # `push`, inlined; at the head it needs no
             requests.readies_queued += 1        # tracking
             requests.open_count += 1
             requests.open_fine = True
@@ -318,7 +318,7 @@ class ServerStatements:
         else:
             return self._other(kind, data, pos, end)
         queue = requests.queue
-        queue.append(plain)
+        requests.append(plain)
         requests.open_count += 1
         if len(queue) == 1:
             requests.tracking = Tracking.EACH  # what retrack would say of these at the head
@@ -360,8 +360,8 @@ class ServerStatements:
         if self.stats is not None:
             self.stats.bind_count += 1
         queue = requests.queue
-        queue.append(Request(Wait.SYNC, False, Op.RENAME, None, None, requests.segment,
-                             [(stmt, name)]))
+        requests.append(Request(Wait.SYNC, False, Op.RENAME, None, None, requests.segment,
+                                [(stmt, name)]))
         if len(queue) == 1:
             requests.tracking = Tracking.HOT  # retrack of a folded segment; else unchanged
         requests.readies_queued += 1
@@ -387,7 +387,7 @@ class ServerStatements:
         queue = requests.queue
         # `close_segment`, inlined (calling it measured ~200 ns more per transaction in
         # bench/path_cpu.py): nothing of the segment is open, so only these change.
-        queue.append(PLAIN_SYNC)
+        requests.append(PLAIN_SYNC)
         if len(queue) == 1:
             requests.tracking = Tracking.HOT
         requests.readies_queued += 1
