@@ -206,23 +206,23 @@ def ready_event(ledger: FrontendLedger, status: int, mode: str, link: Link, chai
     they ever disagree when the ledger is owed nothing, the server is closed, never handed
     on with replies to come."""
     if ledger.doubtful or (queued and not chained):
-        return E.READY_DOUBT
+        return LinkEvent.READY_DOUBT
     if status == m.TX_IDLE:
-        if link.draining and link.state is not S.CLOSED:
-            return E.READY_RELEASE_LAST  # a drain ends it here, whatever kept its server
+        if link.draining and link.state is not LinkState.CLOSED:
+            return LinkEvent.READY_RELEASE_LAST  # a drain ends it here, whatever kept its server
         if mode == "session":
-            return E.READY_SESSION
-        if pinned and link.state is not S.CLOSED:
-            return E.READY_PINNED
-        return E.READY_RELEASE_LAST if link.last else E.READY_RELEASE
-    if link.state is S.CLOSED or chained:
+            return LinkEvent.READY_SESSION
+        if pinned and link.state is not LinkState.CLOSED:
+            return LinkEvent.READY_PINNED
+        return LinkEvent.READY_RELEASE_LAST if link.last else LinkEvent.READY_RELEASE
+    if link.state is LinkState.CLOSED or chained:
         # A client that left inside a transaction (its replies were still to come behind a
         # pipeline), or a pipelined transaction that did not end at its Sync: closing the
         # server rolls the transaction back.
-        return E.READY_OPEN
+        return LinkEvent.READY_OPEN
     if mode == "statement":
-        return E.READY_REFUSED
-    return E.READY_IN_TRANSACTION
+        return LinkEvent.READY_REFUSED
+    return LinkEvent.READY_IN_TRANSACTION
 
 
 def action_names(actions: int) -> list[str]:

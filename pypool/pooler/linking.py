@@ -25,7 +25,7 @@ in Pool.being_canceled until cancel.py brings it back).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from ..core import link as lk
 from ..core.link import LinkEvent
@@ -273,7 +273,9 @@ def server_available(pooler: Pooler, server: ServerRecord, now: float = 0.0) -> 
     if pool.replication_waiting and replication.claim_freed(pooler, pool, server):
         return  # closed to make room for a replication client that came first
     if not pool.paused:
-        while (client := pool.dequeue()) is not None:
+        # Typed, so that its state is read as a field, not looked up by name (the pool
+        # holds its clients as Any).
+        while (client := cast("ClientRecord | None", pool.dequeue())) is not None:
             if client.state is ClientState.WAITING:
                 link(pooler, client, server, now)
                 return
