@@ -184,15 +184,16 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
             outbox.hold_back(self)  # what it sends meanwhile waits unread: up to a point
         if reader.noticed:
             self.pooler.session_changed(self)  # pooler/transactions.py
+        now = 0.0  # read once, here, for the query's start and a link or a wait it begins
         if reader.began:
-            self.query_start = self.pooler.now()
+            now = self.query_start = self.pooler.now()
             if self.tx_status == m.TX_IDLE:
-                self.xact_start = self.query_start
+                self.xact_start = now
         if out:
             if reader.segment_end and not self.outbox:
                 # take_outbox need not look again at these very bytes
                 self.outbox_segment = (out, reader.segment_end)
-            self.forward(out)
+            self.forward(out, now)
             if st is not None and server is not None:
                 pipeline.sent(self, server, st)  # waiting clients may queue behind it
         if st is not None and server is not None:
@@ -207,12 +208,13 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
             exc, reader.error = reader.error, None
             raise exc
 
-    def forward(self, data: bytes) -> None:
-        """To the linked server, the console, or the outbox until a server is linked."""
+    def forward(self, data: bytes, now: float = 0.0) -> None:
+        """To the linked server, the console, or the outbox until a server is linked (`now`:
+        the clock, when the caller has just read it)."""
         server = self.server
         if server is not None:
             server.send(data)
         elif self.admin is not None:
             self.admin.received(data)
         else:
-            outbox.keep(self, data)
+            outbox.keep(self, data, now)

@@ -40,8 +40,9 @@ if TYPE_CHECKING:
 OUTBOX_HIGH_WATER: Final = 1 << 20
 
 
-def keep(client: ClientRecord, data: bytes) -> None:
-    """Keep `data` until the client has a server; ask for one if it is not waiting yet."""
+def keep(client: ClientRecord, data: bytes, now: float = 0.0) -> None:
+    """Keep `data` until the client has a server; ask for one if it is not waiting yet
+    (`now`: the clock, when the caller has just read it)."""
     client.outbox.append(data)
     client.outbox_size += len(data)
     if client.outbox_size > OUTBOX_HIGH_WATER:
@@ -49,7 +50,7 @@ def keep(client: ClientRecord, data: bytes) -> None:
         # socket buffer would fill.
         client.pause_reading()
     if client.state is ClientState.IDLE:
-        client.pooler.request_server(client)
+        client.pooler.request_server(client, now)
 
 
 def take_outbox(client: ClientRecord, server: ServerRecord | None = None) -> bytes:

@@ -105,8 +105,9 @@ class PoolerPort:
     def client_closed(self, client: ClientRecord, reason: str) -> None: ...
 
     # --- a transaction -------------------------------------------------------------------
-    def request_server(self, client: ClientRecord) -> None:
-        """The client has sent something that needs a server."""
+    def request_server(self, client: ClientRecord, now: float = 0.0) -> None:
+        """The client has sent something that needs a server (`now`: the clock, when the
+        caller has just read it)."""
 
     def session_changed(self, client: ClientRecord) -> None:
         """The client sent statements that change session state."""
@@ -347,7 +348,7 @@ class ClientRecord(ReadingSwitch):
     def relay(self, data: bytes) -> None:
         raise NotImplementedError
 
-    def forward(self, data: bytes) -> None:
+    def forward(self, data: bytes, now: float = 0.0) -> None:
         raise NotImplementedError
 
 

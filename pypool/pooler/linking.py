@@ -48,8 +48,9 @@ log = logging.getLogger("pypool")
 CHECK_ATTEMPTS: Final = 3
 
 
-def request_server(pooler: Pooler, client: ClientRecord) -> None:
-    """The client has sent something that needs a server."""
+def request_server(pooler: Pooler, client: ClientRecord, now: float = 0.0) -> None:
+    """The client has sent something that needs a server (`now`: the clock, when the
+    caller has just read it)."""
     pool = client.pool
     assert pool is not None
     if pooler.shutting_down == "SIGINT":  # no new transaction once the shutdown began
@@ -58,7 +59,7 @@ def request_server(pooler: Pooler, client: ClientRecord) -> None:
     if not pool.paused:
         server = pool.take_idle()
         if server is not None:
-            link(pooler, client, server)
+            link(pooler, client, server, now)
             return
         if (pooler.pipeline_depth and pool.open_lines
                 and pool.server_count >= pool.limits.pool_size
@@ -70,7 +71,7 @@ def request_server(pooler: Pooler, client: ClientRecord) -> None:
             pooler.txlog.refused(client, failing.sqlstate)
         client.fail(failing)
         return
-    client.on_link(LinkEvent.QUEUED)
+    client.on_link(LinkEvent.QUEUED, now)
     client.wait_start = client.state_since
     client.wait_notified = False
     pool.enqueue(client)

@@ -144,9 +144,9 @@ class Pooler(PoolerRecord):
     # --- where the Protocols, the console and the start-up call in -----------------------
     # The work is done in the modules named; these keep the calls the other layers make.
 
-    def request_server(self, client: ClientRecord) -> None:
+    def request_server(self, client: ClientRecord, now: float = 0.0) -> None:
         """The client has sent something that needs a server (linking.py)."""
-        linking.request_server(self, client)
+        linking.request_server(self, client, now)
 
     def ready_for_query(self, client: ClientRecord, status: int) -> None:
         """The linked server forwarded a ReadyForQuery to `client`: release, keep or close

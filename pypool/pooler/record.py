@@ -267,7 +267,7 @@ class PoolerRecord(PoolerPort):
     def client_authenticated(self, client: ClientRecord, scram_key: bytes | None) -> None:
         raise NotImplementedError
 
-    def request_server(self, client: ClientRecord) -> None:
+    def request_server(self, client: ClientRecord, now: float = 0.0) -> None:
         raise NotImplementedError
 
     def session_changed(self, client: ClientRecord) -> None:
