@@ -16,7 +16,7 @@ clients on 20 servers, pgbench -S's transaction, every release handing the serve
 with no transactions and with N, the difference divided by N. The harness's own Python (its
 loop over the fakes) is in the count too, the same for every tree: compare trees, or use
 `--callers` to see which calls are pypool's (`perf record` with call stacks on one function;
-its two innermost pypool frames per call site).
+its two innermost pypool frames per call site, under a Protocol's data_received).
 
 Needs root (or perf_event_paranoid -1) and perf; the probes are left in place for the next
 run (`perf probe -d 'probe_libpython*:*'` removes them). bench/README.md, "Looked up by
@@ -109,7 +109,9 @@ def callers(tree: str, mode: str, count: int, event: str) -> None:
     frames: list[str] = []
     for line in script.splitlines() + [""]:
         if not line.strip():
-            if frames:
+            # Only calls under a Protocol's data_received: the transactions', not the
+            # imports' and the set-up's, which both children make.
+            if any(frame.endswith("data_received") for frame in frames):
                 sites[" <- ".join(frames[:2])] += 1
             frames = []
             continue

@@ -23,6 +23,20 @@ PROBE: Final = PREFIX + b"0"
 # to be able to: see `Statement.neutral`.
 _NEUTRAL_WORDS: Final = frozenset({b"select", b"insert", b"update", b"delete", b"with",
                                     b"values", b"table"})
+
+
+def _word_code(data: bytes, start: int, end: int) -> int:
+    """The word data[start:end] (at most 7 bytes) as one int, a byte each, with bit 5 set:
+    a letter in lower case, and no other word character (a digit, "_") becomes a letter,
+    so two words of letters have one code when they are the same word in any case. No
+    bytes object is made for the word (every unnamed Parse passes here)."""
+    code = 0
+    for pos in range(start, end):
+        code = (code << 8) | (data[pos] | 32)
+    return code
+
+
+_NEUTRAL_CODES: Final = frozenset(_word_code(word, 0, len(word)) for word in _NEUTRAL_WORDS)
 # Read before the first word (whitespace as the regex \s has it, and parentheses), and the
 # characters of a word (what the regex \b sees as one).
 _LEAD: Final = tuple(byte in b" \t\n\r\f\v(" for byte in range(256))
@@ -53,7 +67,7 @@ def neutral_text(data: bytes, start: int) -> bool:
     end = pos
     while end < n and _WORD_CHAR[data[end]] and end - pos <= 6:
         end += 1
-    return 4 <= end - pos <= 6 and data[pos:end].lower() in _NEUTRAL_WORDS
+    return 4 <= end - pos <= 6 and _word_code(data, pos, end) in _NEUTRAL_CODES
 
 
 def neutral_query(data: bytes, start: int, end: int) -> bool:
