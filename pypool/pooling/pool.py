@@ -121,7 +121,7 @@ class Pool:
         self.being_canceled: set[Any] = set()
         self.waiting: deque[Any] = deque()
         # Its append and popleft, bound once: compiled code looks a deque's method up at
-        # every call (bench/README.md, "Methods looked up"), and both run per transaction.
+        # every call (bench/README.md, "Looked up by name"), and both run per transaction.
         self._join: Callable[[Any], None] = self.waiting.append
         self._next: Callable[[], Any] = self.waiting.popleft
         # Authenticated replication clients waiting for room for a server of their own

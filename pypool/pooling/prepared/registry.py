@@ -37,6 +37,7 @@ def _word_code(data: bytes, start: int, end: int) -> int:
 
 
 _NEUTRAL_CODES: Final = frozenset(_word_code(word, 0, len(word)) for word in _NEUTRAL_WORDS)
+
 # Read before the first word (whitespace as the regex \s has it, and parentheses), and the
 # characters of a word (what the regex \b sees as one).
 _LEAD: Final = tuple(byte in b" \t\n\r\f\v(" for byte in range(256))

@@ -67,7 +67,7 @@ class RequestQueue:
         self.owner = owner
         self.queue: deque[Request] = deque()
         # Its append and popleft, bound once: compiled code looks a deque's method up at
-        # every call (bench/README.md, "Methods looked up"). The hot path's pushes
+        # every call (bench/README.md, "Looked up by name"). The hot path's pushes
         # (rewriter.py) and `pop_ready` use them.
         self.append: Callable[[Request], None] = self.queue.append
         self._popleft: Callable[[], Request] = self.queue.popleft
