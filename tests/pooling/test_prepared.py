@@ -11,6 +11,8 @@ from __future__ import annotations
 import struct
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pypool.pooling.pool import PoolStats
 from pypool.pooling.prepared import (
@@ -26,6 +28,7 @@ from pypool.pooling.prepared import (
     parse_sql_command,
     unnamed_segment,
 )
+from pypool.pooling.prepared.registry import neutral_text
 from pypool.pooling.prepared.requests import Wait
 from pypool.protocol import messages as m
 
@@ -1070,6 +1073,36 @@ def test_the_unnamed_statement_is_neutral_by_its_text(sql: bytes, neutral: bool)
     # A Bind of it in a later segment goes by the same text.
     link.send(bind(b""), execute(), SYNC)
     assert link.server.last_neutral is neutral
+
+
+_NEUTRAL = (b"select", b"insert", b"update", b"delete", b"with", b"values", b"table")
+
+
+def _neutral_by_its_words(text: bytes) -> bool:
+    """What `neutral_text` answers, read the plain way: past whitespace and parentheses,
+    the first word (ASCII letters, digits, "_") is one of the neutral ones, in any case."""
+    rest = text.lstrip(b" \t\n\r\f\v(")
+    end = 0
+    while end < len(rest) and (chr(rest[end]).isascii()
+                               and (chr(rest[end]).isalnum() or rest[end] == 95)):
+        end += 1
+    return rest[:end].lower() in _NEUTRAL
+
+
+@given(lead=st.sampled_from([b"", b" ", b"(", b"\t( \n"]),
+       word=st.one_of(st.sampled_from(_NEUTRAL + (b"selects", b"sel3ct", b"_elect", b"with_",
+                                                  b"tabl", b"show", b"valuesx")),
+                      st.binary(max_size=8)),
+       flips=st.lists(st.booleans(), max_size=8),
+       tail=st.sampled_from([b"", b" 1", b"(x", b"\x80", b"@", b"[", b"_1", b"9"]))
+def test_a_first_word_is_neutral_in_any_case_and_only_when_it_is_one(
+        lead: bytes, word: bytes, flips: list[bool], tail: bytes) -> None:
+    # The word is compared folded into an int (registry.py `_word_code`): no case of a
+    # neutral word may be missed, and no other word or byte may fold into one.
+    cased = bytes(byte ^ 32 if flip and chr(byte).isalpha() and byte < 128 else byte
+                  for byte, flip in zip(word, flips + [False] * len(word), strict=False))
+    text = lead + cased + tail
+    assert neutral_text(text, 0) is _neutral_by_its_words(text)
 
 
 @pytest.mark.parametrize(("sql", "neutral"), [
