@@ -43,7 +43,12 @@ OUTBOX_HIGH_WATER: Final = 1 << 20
 def keep(client: ClientRecord, data: bytes, now: float = 0.0) -> None:
     """Keep `data` until the client has a server; ask for one if it is not waiting yet
     (`now`: the clock, when the caller has just read it)."""
-    client.outbox.append(data)
+    if not client.outbox:
+        client.outbox = data
+    elif client.outbox_more is None:
+        client.outbox_more = [data]
+    else:
+        client.outbox_more.append(data)
     client.outbox_size += len(data)
     if client.outbox_size > OUTBOX_HIGH_WATER:
         # Waiting for a server with this much to send: stop reading until linked, as a
@@ -56,7 +61,8 @@ def keep(client: ClientRecord, data: bytes, now: float = 0.0) -> None:
 def take_outbox(client: ClientRecord, server: ServerRecord | None = None) -> bytes:
     """What the client sent while it had no server, for `server` that it is linked to
     now (rewritten for it when prepared statements are)."""
-    outbox = client.outbox
+    data = client.outbox
+    more = client.outbox_more
     segment, bind_end = client.outbox_segment
     client.outbox_segment = (b"", 0)
     if client.outbox_size > OUTBOX_HIGH_WATER and client._reading_paused and (
@@ -64,14 +70,14 @@ def take_outbox(client: ClientRecord, server: ServerRecord | None = None) -> byt
     ):
         client.resume_reading()
     client.outbox_size = 0
-    if len(outbox) == 1:
-        data = outbox[0]
+    client.outbox = b""
+    if more is None:
         if data is not segment:
             bind_end = 0
     else:
-        data = b"".join(outbox)
+        client.outbox_more = None
+        data = data + b"".join(more)
         bind_end = 0
-    outbox.clear()
     if client.statements is None or server is None:
         return data
     st = server.statements

@@ -222,9 +222,9 @@ def guardable(client: ClientRecord) -> bool:
     """Whether what `client` waits to send is one extended-protocol segment ending at its
     Sync, which a guard can open (see the module docstring)."""
     ledger = client.ledger
-    kept = client.outbox
+    kept = client.outbox  # its first piece
     return (ledger.pending == 1 and not ledger.unsynced and not ledger.copy
-            and bool(kept) and _EXTENDED[kept[0][0]])
+            and bool(kept) and _EXTENDED[kept[0]])
 
 
 def sent(client: ClientRecord, server: ServerRecord,

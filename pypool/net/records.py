@@ -286,9 +286,12 @@ class ClientRecord(ReadingSwitch):
         self.reader = RequestReader(pooler.settings.pooler.max_packet_size)
         self.ledger = self.reader.ledger
         self.writing_paused = False  # our socket is above its high-water mark
-        # What it sent while it had no server (net/outbox.py), its size, and the driver
-        # segment in it with the end of its Bind (see relay's fast path).
-        self.outbox: list[bytes] = []
+        # What it sent while it had no server (net/outbox.py): the first piece, and a list
+        # only when more follow (None while they do not: the common transaction, one read,
+        # touches no list); its size, and the driver segment in it with the end of its Bind
+        # (see relay's fast path).
+        self.outbox = b""
+        self.outbox_more: list[bytes] | None = None
         self.outbox_size = 0
         self.outbox_segment: tuple[bytes, int] = (b"", 0)
         # Prepared-statement rewriting (None when off: session mode, max_prepared_statements

@@ -32,6 +32,30 @@ def test_a_waiting_clients_bytes_are_kept_until_it_has_a_server(fake_pooler: Any
         "in order, in one write"
 
 
+def test_every_read_kept_goes_in_order_and_none_goes_twice(fake_pooler: Any) -> None:
+    """The outbox keeps a first read apart from any that follow it (net/outbox.py `keep`):
+    one, two and three reads while waiting each reach the server whole, in order, once,
+    and a wait after a link starts from an empty outbox."""
+    net = fake_pooler()
+    busy, server = net.client_with_server()
+    waiter = net.connect()
+    for count in (3, 1, 2):
+        busy.send(m.query("BEGIN"))
+        server.send(command("BEGIN", m.TX_IN_BLOCK))
+        server.take()
+        sent = [m.query(f"SELECT {count}{n}") for n in range(count)]
+        for query in sent:
+            waiter.send(query)
+        assert server.take() == b"" and waiter.state is ClientState.WAITING
+        busy.send(m.query("COMMIT"))
+        assert query_texts(server.take()) == ["COMMIT"]
+        server.send(command("COMMIT"))
+        assert server.take() == b"".join(sent), "each read once, in order, in one write"
+        server.send(*[select_one()] * (count - 1), select_one())
+        assert waiter.state is ClientState.IDLE, "released: its next wait starts anew"
+        waiter.take()
+
+
 def test_half_a_message_asks_for_no_server(fake_pooler: Any) -> None:
     net = fake_pooler()
     client, server = net.client_with_server()
