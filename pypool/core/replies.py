@@ -20,7 +20,8 @@ Every other message streams through untouched, read by its 5-byte header alone, 
 prepared-statement queue (pooling/prepared/) needs each reply matched to its request
 (`tracking`): then replies are read one at a time, and some are swallowed, replaced or
 preceded by replies the pooler makes itself. While the pooler's own queries are in flight
-(`backend.hidden`), every reply is theirs and none reaches the client.
+(`hiding`: `hide` and `hide_parameters` send them to core/backend.py), every reply is
+theirs and none reaches the client.
 
 Never touches a socket and never decides a release: it says what came, the caller acts.
 """
@@ -76,9 +77,11 @@ class ReplyReader:
         self.requests = statements.requests  # its request queue, read per reply
         self.stats = stats
         self.backend = BackendLedger()
-        # Its list of the pooler's own queries in flight (never replaced), read on every
-        # read: held here, as `requests` is, so a read looks at one object less.
-        self.hidden = self.backend.hidden
+        # How many of the pooler's own queries are in flight: the length of the backend
+        # ledger's list of them, read on every read, counted here so that a read touches
+        # neither that list nor the ledger (`hide`, `hide_parameters`, and their ReadyForQuery
+        # in `_hidden_message` move both).
+        self.hiding = 0
         self.params: dict[str, str] = {}  # the server's session parameters, as it reported
         self.params_version = 0  # moved on by every ParameterStatus after the login
         # The key of the last client parameters `covers` found these cover
@@ -150,7 +153,7 @@ class ReplyReader:
             data = self._resume(data)
         n = len(data)
         pos = self._skip
-        hidden = self.hidden
+        hidden = self.hiding
         if pos >= n and not hidden:
             return self._inside_message(data, n, pos)
         self._skip = 0
@@ -194,6 +197,7 @@ class ReplyReader:
                     if self._hidden_reply(kind, data, pos, end, sent):
                         return self._stop(HIDDEN, data, end, _TX_IDLE)
                     sent = end
+                    hidden = self.hiding  # one fewer after its ReadyForQuery
                 elif kind == _READY_FOR_QUERY:
                     return self._ready_for_query(data, pos, end, sent)
                 else:
@@ -262,6 +266,16 @@ class ReplyReader:
             data = self._partial + data if data else self._partial
             self._partial = b""
         return data
+
+    def hide(self, purpose: int) -> None:
+        """A query of the pooler's own was sent (core/backend.py: its `purpose`)."""
+        self.backend.query(purpose)
+        self.hiding += 1
+
+    def hide_parameters(self, names: list[str]) -> None:
+        """A HIDDEN_SET of the client's parameters `names` was sent."""
+        self.backend.parameters(names)
+        self.hiding += 1
 
     def _hidden_reply(self, kind: int, data: bytes, pos: int, end: int, sent: int) -> bool:
         """A reply to the pooler's own query (core/backend.py): swallowed, the client's
@@ -377,6 +391,7 @@ class ReplyReader:
         """A reply to the oldest of the pooler's own queries: never the client's."""
         backend = self.backend
         if kind == _READY_FOR_QUERY:
+            self.hiding -= 1
             outcome = backend.ready()
             return 0 if outcome == FAILED else outcome
         if kind == _PARAMETER_STATUS:
@@ -393,6 +408,7 @@ class ReplyReader:
         self._skip = 0
         self._partial = b""
         self._first, self._rest = b"", None
+        self.hiding = 0
         self.backend.reset()
 
 

@@ -47,7 +47,7 @@ def send_hidden_query(server: ServerRecord, sql: str, purpose: int = HIDDEN_PLAI
     not the linked client's, whose own statements stay."""
     if _may_drop_statements(sql):
         server.statements.distrust("a query of the pooler's own may drop them")
-    server.backend.query(purpose)
+    server.reader.hide(purpose)
     server.send(m.query(sql), True)
 
 
@@ -95,7 +95,7 @@ def send_parameters(server: ServerRecord, client: ClientRecord,
         names.append(SESSION_SETTINGS)  # so the SET is judged even with no name above
         # The other client's settings undone and this one's made, then the tracked ones.
         sql = b"; ".join([part for part in (session_sql, sql) if part])
-    server.backend.parameters(names)
+    server.reader.hide_parameters(names)
     if log.isEnabledFor(logging.DEBUG):  # in PgBouncer's words, for whoever greps them
         for name in names:
             if name in wanted:

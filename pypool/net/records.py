@@ -438,7 +438,7 @@ class ServerRecord(ReadingSwitch):
     @property
     def hidden_syncs(self) -> int:
         """Pooler-issued queries still to be answered."""
-        return len(self.backend.hidden)
+        return self.reader.hiding
 
     @property
     def checking(self) -> bool:

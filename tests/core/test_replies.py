@@ -195,16 +195,16 @@ def test_statement_mode_withholds_a_ready_for_query_inside_a_transaction() -> No
 
 def test_a_hidden_query_s_replies_reach_nobody_and_what_follows_does() -> None:
     r = linked()
-    r.backend.query(bk.HIDDEN_PLAIN)
+    r.hide(bk.HIDDEN_PLAIN)
     out, stops = drain(r, SET + READY_I + REPLY)
     assert out == REPLY
     assert stops == [(replies.READY, m.TX_IDLE)]
-    assert not r.backend.hidden
+    assert not r.backend.hidden and r.hiding == 0
 
 
 def test_a_failing_plain_hidden_query_is_swallowed_and_settles_nothing() -> None:
     r = linked()
-    r.backend.query(bk.HIDDEN_PLAIN)
+    r.hide(bk.HIDDEN_PLAIN)
     out, stops = drain(r, ERROR + READY_I)
     assert out == b""
     assert stops == []
@@ -212,8 +212,8 @@ def test_a_failing_plain_hidden_query_is_swallowed_and_settles_nothing() -> None
 
 def test_a_failed_check_is_reported_with_its_message() -> None:
     r = linked()
-    r.backend.query(bk.HIDDEN_CHECK)
-    r.backend.parameters(["TimeZone"])
+    r.hide(bk.HIDDEN_CHECK)
+    r.hide_parameters(["TimeZone"])
     out, stops = drain(r, ERROR + READY_I + SET + READY_I)
     assert out == b""
     assert stops[0] == (replies.HIDDEN, bk.CHECK_FAILED)
@@ -223,8 +223,8 @@ def test_a_failed_check_is_reported_with_its_message() -> None:
 def test_check_then_set_settle_once_at_the_set_s_ready_for_query() -> None:
     params = {"TimeZone": "Europe/Paris"}
     r = linked(params)
-    r.backend.query(bk.HIDDEN_CHECK)
-    r.backend.parameters(["TimeZone"])
+    r.hide(bk.HIDDEN_CHECK)
+    r.hide_parameters(["TimeZone"])
     assert r.backend.checking
     out, stops = drain(r, msg(b"C", b"SELECT 1\x00") + READY_I + SET + TIMEZONE + READY_I)
     assert out == b""
@@ -236,18 +236,18 @@ def test_check_then_set_settle_once_at_the_set_s_ready_for_query() -> None:
 
 def test_a_failed_set_is_reported_and_a_connect_query_error_is_not_taken_for_it() -> None:
     r = linked()
-    r.backend.query(bk.HIDDEN_PLAIN)  # connect_query, failing
-    r.backend.parameters(["TimeZone"])  # succeeding
+    r.hide(bk.HIDDEN_PLAIN)  # connect_query, failing
+    r.hide_parameters(["TimeZone"])  # succeeding
     _, stops = drain(r, ERROR + READY_I + SET + READY_I)
     assert stops == [(replies.HIDDEN, bk.APPLIED)]
-    r.backend.parameters(["TimeZone"])
+    r.hide_parameters(["TimeZone"])
     _, stops = drain(r, ERROR + READY_I)
     assert stops == [(replies.HIDDEN, bk.SET_FAILED)]
 
 
 def test_a_check_alone_settles_at_its_own_ready_for_query() -> None:
     r = linked()
-    r.backend.query(bk.HIDDEN_CHECK)
+    r.hide(bk.HIDDEN_CHECK)
     _, stops = drain(r, SELECT_1 + READY_I)
     assert stops == [(replies.HIDDEN, bk.APPLIED)]
     assert r.backend.applied == []

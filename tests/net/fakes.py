@@ -19,7 +19,9 @@ wire, the connections' states, the pool's lists and counters, SQLSTATEs), not th
 link is kept in. After every step taken through these fakes (bytes delivered, a socket lost,
 `run_callbacks`, the end of the test) each pool's idle stack is checked against its servers'
 ServerState, and every server still open is checked to be in exactly one of its pool's
-places (`assert_idle_in_step`; pooling/pool.py's `idle_out_of_step` and `listed_twice`).
+places (`assert_idle_in_step`; pooling/pool.py's `idle_out_of_step` and `listed_twice`),
+and each server's count of the pooler's own queries in flight against their list
+(core/replies.py `hiding`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ def assert_idle_in_step(pooler: Any) -> None:
                if not transport.closed and conn.state is not ServerState.CLOSED
                and not conn.close_reason and conn not in conn.pool.servers()]
     assert not nowhere, f"open servers in none of their pool's places: {nowhere}"
+    miscounted = [conn for conn, _ in _DIALED.get(id(pooler), ())
+                  if conn.reader.hiding != len(conn.reader.backend.hidden)]
+    assert not miscounted, f"hidden queries counted wrong: {miscounted}"
 
 
 def split(data: bytes) -> list[tuple[str, bytes]]:
