@@ -11,7 +11,8 @@ bench/run's select-prepared-c100). PgBouncer (bench/run's build, same ini) and e
 run in turn, `--rounds` times, a fresh pooler process per run.
 
 Per transaction, each run prints what bench/run does not: the pooler's user and system
-CPU, PostgreSQL's CPU, pgbench's own CPU, the machine's idle time, and from
+CPU, PostgreSQL's CPU, pgbench's own CPU and how often it slept and was woken (its voluntary
+context switches), the machine's idle time, and from
 /proc/PID/schedstat how long the pooler waited on a run queue and how often it was
 scheduled. On a 2-core box a single-threaded pooler is the bottleneck when its CPU time
 plus its run-queue wait per transaction approaches 1 / TPS: both PgBouncer and pypool get
@@ -163,10 +164,14 @@ def main() -> None:
                 per = 1e6 / (rate * args.duration)  # microseconds per transaction per second
                 clients = (children1.ru_utime - children0.ru_utime
                            + children1.ru_stime - children0.ru_stime)
+                # pgbench's sleeps that ended in a wake-up (voluntary context switches), per
+                # transaction: how often it is woken for fewer replies each.
+                waits = (children1.ru_nvcsw - children0.ru_nvcsw) / (rate * args.duration)
                 print(f"{target.name:28s} {rate:8.0f} tps  pooler user {(user1 - user0) * per:5.1f}"
                       f" sys {(sys1 - sys0) * per:5.1f}  runq {(wait1 - wait0) * per:5.1f}"
                       f" ({(slices1 - slices0) * per / 1e6:.2f} slices)"
                       f"  postgres {(pg1 - pg0) * per:5.1f}  pgbench {clients * per:5.1f}"
+                      f" ({waits:.2f} waits)"
                       f"  idle {(idle1 - idle0) * per:5.1f} us", flush=True)
         reference = sorted(tps[pgbouncer.name])
         for name, rates in tps.items():
