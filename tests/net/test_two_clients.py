@@ -297,6 +297,39 @@ def test_two_clients_on_one_server_each_get_what_postgresql_would_answer(
     assert got[len(expected):] == unflushed[:len(got) - len(expected)]
 
 
+@PROPERTY
+@given(WELL_FORMED, st.data())
+def test_a_server_lost_under_the_first_client_costs_the_second_nothing(
+        messages: list[bytes], data: st.DataObject) -> None:
+    """The two clients of the properties above; at any point the server connection breaks
+    (the backend dies, the network is cut) while it is idle or held by the first client with
+    no one lined up behind it, answered or with the first's requests still unanswered on
+    it. The first may be dropped with the pooler's error; the second is answered as on a
+    connection of its own, by a server the pool opens for it, never with anything of the
+    first's, and is never left waiting."""
+    with two_clients(data) as (fake, first, backends, second):
+
+        def maybe_lose() -> None:
+            if not data.draw(st.booleans()):
+                return
+            for conn, (server, _) in list(backends.open.items()):
+                if (conn.client is None or conn.client is first.conn) and not conn.chain:
+                    del backends.open[conn]
+                    server.lose()
+
+        for piece in pieces(messages, data):
+            for _ in range(data.draw(st.integers(0, 2))):
+                second.request(data)
+            maybe_lose()
+            backends.pump()
+            if first.transport.closed:
+                break
+            first.send(piece)
+            maybe_lose()  # what the first just sent unanswered, or not yet all of it sent
+            backends.pump()
+        assert_answered(data, first, backends, second)
+
+
 def _as_far_as_it_went(got: list[str], expected: list[str], ended: bool) -> None:
     """What a client got is what it should get, or, when the pooler ended it, a prefix of
     that and then the pooler's error (08P01)."""
