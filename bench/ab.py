@@ -101,6 +101,18 @@ def floor_variant(spec: str, floor: poolers.Target) -> poolers.Target:
         popen_kwargs=dict(floor.popen_kwargs, env=dict(os.environ, **env)))
 
 
+def throwaway_cluster(prefix: str) -> tuple[Path, pg_cluster.Cluster]:
+    """A scratch directory and a PostgreSQL cluster in it (not yet created), as this script
+    and bench/steady.py use them."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    workdir.chmod(0o755)  # the postgres user works in here too
+    cluster = pg_cluster.Cluster(
+        bindir=pg_cluster.newest_bindir(), workdir=workdir, port=poolers.free_port(),
+        user="bench", password="bench-password", dbname="bench",
+    )
+    return workdir, cluster
+
+
 def main() -> None:
     argv = sys.argv[1:]
     pgbench_args = DEFAULT_PGBENCH
@@ -113,12 +125,7 @@ def main() -> None:
     parser.add_argument("variants", nargs="+", help="pypool tree[@key=value,...]")
     args = parser.parse_args(argv)
 
-    workdir = Path(tempfile.mkdtemp(prefix="pypool-ab-"))
-    workdir.chmod(0o755)  # the postgres user works in here too
-    cluster = pg_cluster.Cluster(
-        bindir=pg_cluster.newest_bindir(), workdir=workdir, port=poolers.free_port(),
-        user="bench", password="bench-password", dbname="bench",
-    )
+    workdir, cluster = throwaway_cluster("pypool-ab-")
     binary, version, _ = pgbouncer_build.resolve(HERE / ".cache")
     targets: list[poolers.Target] = []
     try:

@@ -20,7 +20,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,10 +27,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import pg_cluster  # noqa: E402
 import pgbouncer_build  # noqa: E402
 import poolers  # noqa: E402
-from ab import cpu_split  # noqa: E402
+from ab import cpu_split, throwaway_cluster  # noqa: E402
 
 
 def main() -> None:
@@ -46,12 +44,7 @@ def main() -> None:
     parser.add_argument("pooler", choices=["pypool", "pgbouncer", "floor"])
     args = parser.parse_args(argv)
 
-    workdir = Path(tempfile.mkdtemp(prefix="pypool-steady-"))
-    workdir.chmod(0o755)  # the postgres user works in here too
-    cluster = pg_cluster.Cluster(
-        bindir=pg_cluster.newest_bindir(), workdir=workdir, port=poolers.free_port(),
-        user="bench", password="bench-password", dbname="bench",
-    )
+    workdir, cluster = throwaway_cluster("pypool-steady-")
     binary, version, _ = pgbouncer_build.resolve(HERE / ".cache")
     target = None
     try:

@@ -42,7 +42,9 @@ OUTBOX_HIGH_WATER: Final = 1 << 20
 
 def keep(client: ClientRecord, data: bytes, now: float = 0.0) -> None:
     """Keep `data` until the client has a server; ask for one if it is not waiting yet
-    (`now`: the clock, when the caller has just read it)."""
+    (`now`: the clock, when the caller has just read it). Kept as the reply reader keeps
+    a server's output (core/replies.py `_emit`), in fields of the record: a holder object
+    shared by the two would be one more object every transaction touches."""
     if not client.outbox:
         client.outbox = data
     elif client.outbox_more is None:
