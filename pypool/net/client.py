@@ -30,6 +30,7 @@ from ..protocol.errors import PoolerError
 from ..protocol.framing import FramingError
 from . import outbox, pipeline
 from .client_login import ClientLogin
+from .flow_control import LARGE_READ
 from .records import ClientRecord
 from .tls_records import RECORD_MAX, write_in_records
 
@@ -49,6 +50,7 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
         # which is the last the login does: an idle client holds none of it.
         self.login = ClientLogin(self)
         self._reading_paused = False
+        self._yielding = False  # between a large read and the loop's next turn
 
     def on(self, event: int, now: float = 0.0) -> None:
         """Move to the state the table (core/states.py) gives for `event` (at `now`, when
@@ -128,6 +130,8 @@ class ClientConnection(ClientRecord, asyncio.Protocol):
             self.fail(exc)
         except FramingError as bad:  # own name: mypyc types a name by its first except
             self.fail(errors.ClientProtocolError(str(bad)))
+        if len(data) >= LARGE_READ:
+            self.take_turns(self.pooler.loop)  # the other connections first (flow_control)
 
     # --- closing --------------------------------------------------------------------------
 

@@ -14,7 +14,11 @@ from __future__ import annotations
 import asyncio
 import select
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import Final, TypeVar
+
+# A read at least this large is followed by a turn of the event loop before this
+# connection is read again (`take_turns`).
+LARGE_READ: Final = 64 * 1024
 
 
 class ReadingSwitch(asyncio.BaseProtocol):
@@ -34,6 +38,34 @@ class ReadingSwitch(asyncio.BaseProtocol):
         if self._reading_paused and self.transport is not None:
             self._reading_paused = False
             self.transport.resume_reading()
+
+    # --- fairness between connections ------------------------------------------------------
+    # libuv reads a readable socket up to 32 times in one go before it looks at any other, so
+    # a peer that streams (a client pipelining thousands of Queries, PostgreSQL sending a huge
+    # result) would have all those reads handled in a row, a few tens of milliseconds each,
+    # while every other connection waits: seconds, under a flood
+    # (tests/integration/test_floods.py's canary). After a large read the connection stops
+    # being read until the loop's next turn, as PgBouncer handles one buffer per socket per
+    # turn. A pgbench-sized read (tens of bytes) never pauses.
+
+    _yielding: bool
+
+    def take_turns(self, loop: asyncio.AbstractEventLoop) -> None:
+        """After a read of LARGE_READ bytes or more: no more reads of this connection until
+        the event loop has served the others once. Flow control's pause wins over it."""
+        transport = self.transport
+        if (not self._reading_paused and not self._yielding and transport is not None
+                and not transport.is_closing()):
+            self._yielding = True
+            transport.pause_reading()
+            loop.call_soon(self._turn_over)
+
+    def _turn_over(self) -> None:
+        self._yielding = False
+        transport = self.transport
+        if (not self._reading_paused and transport is not None and not transport.is_closing()
+                and transport.get_protocol() is self):
+            transport.resume_reading()
 
 
 _GONE = select.POLLRDHUP | select.POLLHUP | select.POLLERR

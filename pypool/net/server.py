@@ -25,6 +25,7 @@ from ..core.states import ServerEvent, ServerState, server_transition
 from ..protocol import messages as m
 from ..protocol.errors import ServerProtocolError
 from . import deferred_writes, hidden_queries, outbox
+from .flow_control import LARGE_READ
 from .records import ServerRecord
 from .server_login import ServerLogin
 
@@ -51,6 +52,7 @@ class ServerConnection(ServerRecord, asyncio.Protocol):
         self.txlog: ServerTap | None = None if pooler.txlog is None else pooler.txlog.tap(self)
         self.login = ServerLogin(self)  # to its first ReadyForQuery (net/server_login.py)
         self._reading_paused = False
+        self._yielding = False  # between a large read and the loop's next turn
 
     # --- state ----------------------------------------------------------------------------
 
@@ -134,6 +136,8 @@ class ServerConnection(ServerRecord, asyncio.Protocol):
                 self._gone(str(exc))
         if trace is not None:
             trace.server_done(self)
+        if len(data) >= LARGE_READ:
+            self.take_turns(self.pooler.loop)  # the other connections first (flow_control)
 
     # --- the hot path: server to client (framing and judging: core/replies.py) -------------
 

@@ -106,6 +106,7 @@ class FakeTransport:
         self.pauses = 0
         self.closed = False
         self.peername = peername
+        self.protocol: Any = None  # set as its connection is made
 
     # --- what the pooler calls --------------------------------------------------------
 
@@ -133,6 +134,12 @@ class FakeTransport:
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self.peername if name == "peername" else default
+
+    def get_protocol(self) -> Any:
+        return self.protocol
+
+    def set_protocol(self, protocol: Any) -> None:
+        self.protocol = protocol
 
     def get_write_buffer_size(self) -> int:
         return 0
@@ -278,6 +285,7 @@ class FakePooler:
             self._dialed.append((protocol, transport))
         else:
             self.cancels.append(CancelConnection(host, port, protocol, transport))
+        transport.protocol = protocol
         protocol.connection_made(transport)
         return transport, protocol
 
@@ -312,6 +320,7 @@ class FakePooler:
         self._peer_port += 1
         transport = FakeTransport(("10.0.0.7", self._peer_port))
         conn = ClientConnection(self.pooler)
+        transport.protocol = conn
         conn.connection_made(transport)
         conn.data_received(m.startup_message({"user": user, "database": database, **params}))
         client = Client(conn, transport)
@@ -325,6 +334,7 @@ class FakePooler:
         self._peer_port += 1
         transport = FakeTransport(("10.0.0.7", self._peer_port))
         conn = ClientConnection(self.pooler)
+        transport.protocol = conn
         conn.connection_made(transport)
         conn.data_received(m.cancel_request(*key))
         self.run_callbacks()

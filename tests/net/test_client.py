@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from pypool.core.states import ClientState, ServerState
+from pypool.net.flow_control import LARGE_READ
 from pypool.protocol import messages as m
 from tests.net.fakes import command, errors_in, kinds, select_one
 
@@ -115,6 +116,36 @@ def test_a_client_paused_while_idle_pauses_the_server_it_is_given(fake_pooler: A
     client.conn.resume_writing()
     server.send(select_one())
     assert server.transport.reading and net.pool().idle == [server.conn]
+
+
+def test_after_a_large_read_the_others_are_served_before_the_next(fake_pooler: Any) -> None:
+    """A read of LARGE_READ bytes or more (a client streaming a flood of Queries, a server a
+    huge result) is followed by a turn of the event loop before its connection is read
+    again (net/flow_control.py `take_turns`): libuv would otherwise read it up to 32 times
+    in a row while every other connection waits. A small read never pauses; flow control's
+    own pause is not lifted by the turn."""
+    net = fake_pooler()
+    client, server = net.client_with_server()
+    client.send(m.query("SELECT 1"))
+    assert client.transport.reading and client.transport.pauses == 0, "small: read on"
+    server.send(select_one())
+    big = m.query("SELECT '" + "x" * LARGE_READ + "'")
+    client.send(big)
+    assert server.take() == m.query("SELECT 1") + big, "the large read went on whole"
+    assert not client.transport.reading, "then no more reads until the loop's next turn"
+    net.run_callbacks()
+    assert client.transport.reading, "read again once the others had their turn"
+    server.send(select_one())
+    client.send(m.query("SELECT * FROM big"))
+    row = b"D" + (2 * LARGE_READ).to_bytes(4, "big") + b"\x00" * LARGE_READ  # half a row
+    server.send(row)
+    assert client.take().endswith(row), "the large read went on whole"
+    assert not server.transport.reading, "a server's large read takes turns too"
+    client.conn.pause_writing()  # flow control pauses the server, and keeps it paused
+    net.run_callbacks()
+    assert not server.transport.reading, "the turn does not lift flow control's pause"
+    client.conn.resume_writing()
+    assert server.transport.reading
 
 
 def test_bytes_a_client_sends_are_counted_in_its_pool(fake_pooler: Any) -> None:
