@@ -222,8 +222,10 @@ def test_pipelined_queries_never_read_back_leave_everyone_served(pooler, extende
     sent, canary = _bounded(p, lambda: _flood(client.sock, batch, 3.0, 512 * MiB))
     assert sent < 256 * MiB
     # The event loop never stalled for long (it stalled 5-6 s when each ReadyForQuery
-    # took the oldest of a million owed requests off a list's front).
-    assert canary.worst < 2.5, f"the canary waited {canary.worst:.1f} s"
+    # took the oldest of a million owed requests off a list's front, and 2-4 s while every
+    # read of the flood was handled in a row; with a turn after each large read,
+    # net/flow_control.py, the canary waits about 0.4 s compiled, 0.7 s as pure Python).
+    assert canary.worst < 1.5, f"the canary waited {canary.worst:.1f} s"
     client.close()
 
 
