@@ -14,8 +14,8 @@ connections hold it, and the Pooler (objects.py) calls in here and keeps the met
 Protocols call. It moves the link (core/link.py) and carries out its actions; the link's
 two ends and the hold on the client's requests it sets through net/link_ends.py, the one
 writer of those fields. A server's ServerState and its place in the pool's lists move
-together here (FREED then `put_idle` or a link; `take_idle` then LINKED: pooling/pool.py
-says why both are kept).
+together here (`take_idle` then LINKED; FREED then `put_idle`; a server handed from one
+client straight to the next stays ACTIVE: pooling/pool.py says why both are kept).
 
 Never hand a server on with replies owed, never give a server mid-transaction to another
 client, and never hand out a server whose cancel may still land (server_available parks it
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Final, cast
 
 from ..core import link as lk
 from ..core.link import LinkEvent
-from ..core.states import ClientState, ServerEvent, ServerState
+from ..core.states import ClientState, IllegalTransition, ServerEvent, ServerState
 from ..net import hidden_queries, link_ends, outbox, pipeline
 from ..pooling.session_state import sync_statements
 from ..pooling.stats import WAIT_BUCKETS, XACT_BUCKETS, observe
@@ -93,9 +93,13 @@ def link(pooler: Pooler, client: ClientRecord, server: ServerRecord,
         pool.stats.wait_time_us += int((now - client.wait_start) * 1e6)
         if pooler.histograms:
             observe(WAIT_BUCKETS, pool.stats.wait_counts, now - client.wait_start)
-    # Active already: taken from `idle`, or handed on by server_available.
+    if server.state is not ServerState.ACTIVE:
+        server.on(ServerEvent.LINKED)  # taken from `idle`
+    elif server.client is not None:
+        # Handed on by server_available, ACTIVE from one client to the next: never while
+        # another client holds it.
+        raise IllegalTransition(f"{server!r}: linked to {client!r} while it serves another")
     link_ends.link(client, server)
-    server.on(ServerEvent.LINKED)
     client.link_time = now
     server.request_time = now
     server.used = True
@@ -268,8 +272,8 @@ def server_available(pooler: Pooler, server: ServerRecord, now: float = 0.0) -> 
         if reason:
             server.close(reason)
             return
-    if server.state is not ServerState.IDLE:
-        server.on(ServerEvent.FREED)
+    if server.state is ServerState.LOGIN:
+        server.on(ServerEvent.FREED)  # logged in: free for the first time
     server.request_time = now  # free since now (server_check_delay counts from here)
     if pool.replication_waiting and replication.claim_freed(pooler, pool, server):
         return  # closed to make room for a replication client that came first
@@ -278,8 +282,13 @@ def server_available(pooler: Pooler, server: ServerRecord, now: float = 0.0) -> 
         # holds its clients as Any).
         while (client := cast("ClientRecord | None", pool.dequeue())) is not None:
             if client.state is ClientState.WAITING:
+                # A server that served stays ACTIVE from one client to the next: FREED and
+                # LINKED would only cross IDLE and back, two rows of the table a
+                # transaction (bench/README.md).
                 link(pooler, client, server, now)
                 return
+    if server.state is not ServerState.IDLE:
+        server.on(ServerEvent.FREED)
     pool.put_idle(server)
 
 

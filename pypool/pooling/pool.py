@@ -18,17 +18,19 @@ tells the asyncio layer how many to open, within pool_size (plus reserve_pool_si
 client has waited reserve_pool_timeout) and the database-wide and user-wide caps.
 
 Whether a server is idle is said twice, on purpose. Its ServerState (core/states.py) is the
-truth about the connection: its transitions are checked (a server is LINKED only from IDLE),
-and a closing server keeps it until its connection is gone. `idle` is an index over the
-pool's servers in that state, in release order: the LIFO choice in O(1), the bottom of the
-stack for server_idle_timeout and eviction, the list a server policy chooses from. Neither
-is derived from the other: the list from the states would be a scan of every server at each
-link, and the state from the list a search of it at each check. So they move together, in
-pooler/linking.py (`server_available`: FREED, then `put_idle` or a link; a link: `take_idle`,
-then LINKED), pooler/replication.py (a dedicated server: FREED and LINKED at once) and
-pooler/teardown.py (an idle server is forgotten before it is closed), and
-`idle_out_of_step` names any server where they disagree: none, whenever the pooler is
-between two events (the unit tests check it after every step, tests/net/fakes.py).
+truth about the connection: its transitions are checked (a server is LINKED only from IDLE;
+one handed straight from a finished client to a waiting one stays ACTIVE), and a closing
+server keeps it until its connection is gone. `idle` is an index over the pool's servers in
+that state, in release order: the LIFO choice in O(1), the bottom of the stack for
+server_idle_timeout and eviction, the list a server policy chooses from. Neither is derived
+from the other: the list from the states would be a scan of every server at each link, and
+the state from the list a search of it at each check. So they move together, in
+pooler/linking.py (`server_available`: a link to a waiting client, or FREED then
+`put_idle`; a link of an idle one: `take_idle`, then LINKED), pooler/replication.py (a
+dedicated server: FREED and LINKED at once) and pooler/teardown.py (an idle server is
+forgotten before it is closed), and `idle_out_of_step` names any server where they
+disagree: none, whenever the pooler is between two events (the unit tests check it after
+every step, tests/net/fakes.py).
 """
 
 from __future__ import annotations

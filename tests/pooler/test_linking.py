@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from pypool.core.states import ClientState, ServerState
-from pypool.pooler import janitor
+from pypool.core.states import ClientState, IllegalTransition, ServerState
+from pypool.pooler import janitor, linking
 from pypool.protocol import messages as m
 from pypool.settings import DatabaseEntry
 from tests.net.fakes import command, errors_in, kinds, query_texts, select_one
@@ -68,6 +68,26 @@ def test_a_second_client_waits_for_the_busy_server_and_gets_it_at_release(
     assert not net.pool().waiting and net.pool().stats.wait_time_us == 500_000
     server.send(select_one())
     assert second.take() == select_one() and first.take() == select_one()
+
+
+def test_a_server_handed_on_stays_active_and_is_never_linked_while_it_serves(
+        fake_pooler: Any) -> None:
+    net = fake_pooler()
+    first, server = net.client_with_server()
+    second, third = net.connect(), net.connect()
+    first.send(m.query("SELECT 1"))
+    second.send(m.query("SELECT 2"))
+    server.send(select_one())
+    # Handed straight from the first client to the second: ACTIVE throughout, listed active.
+    assert server.state is ServerState.ACTIVE and server.conn.client is second.conn
+    assert net.pool().idle == [] and server.conn in net.pool().active
+    assert net.pool().idle_out_of_step() == []
+    with pytest.raises(IllegalTransition):
+        linking.link(net.pooler, third.conn, server.conn)
+    assert server.conn.client is second.conn and third.conn.server is None
+    server.send(select_one())
+    assert second.take() == select_one()
+    assert server.state is ServerState.IDLE and net.pool().idle == [server.conn]
 
 
 @pytest.mark.parametrize("metrics_port", [0, 9127])
