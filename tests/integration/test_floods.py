@@ -23,7 +23,11 @@ from pypool.protocol import messages as m
 from tests.conftest import rss_mib
 from tests.integration.rawclient import RawClient
 
+from .test_tls import TlsRawClient, tls_settings
+from .tls_ca import Certificates, certs
+
 pytestmark = pytest.mark.timeout(120)
+__all__ = ["certs"]  # the fixture (tls_ca.py)
 
 MiB = 1 << 20
 
@@ -225,6 +229,20 @@ def test_pipelined_queries_never_read_back_leave_everyone_served(pooler, extende
     # took the oldest of a million owed requests off a list's front, and 2-4 s while every
     # read of the flood was handled in a row; with a turn after each large read,
     # net/flow_control.py, the canary waits about 0.4 s compiled, 0.7 s as pure Python).
+    assert canary.worst < 1.5, f"the canary waited {canary.worst:.1f} s"
+    client.close()
+
+
+def test_a_flood_over_tls_leaves_everyone_served(pooler, certs: Certificates):
+    """The same flood over TLS: the pooler is handed it as decrypted pieces, whose size
+    uvloop's TLS layer decides, and the canary beside it (in plaintext) is still answered
+    all along."""
+    p = pooler({"auth_type": "trust", **tls_settings(certs)})
+    client = TlsRawClient(p.host, p.port, certs.ca.root)
+    client.login("app", "app")
+    sent, canary = _bounded(p, lambda: _flood(client.sock, m.query("SELECT 1") * 2048, 3.0,
+                                              512 * MiB))
+    assert sent < 256 * MiB
     assert canary.worst < 1.5, f"the canary waited {canary.worst:.1f} s"
     client.close()
 
