@@ -6,7 +6,9 @@ A VARIANT is a pypool source tree, optionally with `@key=value,...`: lowercase k
 settings (`@pipeline_depth=0`, `@workers=2`), uppercase ones environment variables for the
 pooler process; or `floor`, bench/pool_floor.py (the least a pooler on uvloop does),
 optionally with `@KEY=value,...` environment variables (`floor@POOL_FLOOR_TOUCH=30`). `.`
-is this checkout. PGBENCH ARGS default to `-S -M prepared -c 100 -j 100` (pool 20, as in
+is this checkout. `@PYTHON=/usr/bin/python3` runs that variant's pooler on another
+interpreter (its tree compiled in place by that interpreter: `python setup.py build_ext
+--inplace`), for what the interpreter's own build costs (bench/README.md). PGBENCH ARGS default to `-S -M prepared -c 100 -j 100` (pool 20, as in
 bench/run's select-prepared-c100). PgBouncer (bench/run's build, same ini) and each variant
 run in turn, `--rounds` times, a fresh pooler process per run.
 
@@ -79,11 +81,12 @@ def variant(spec: str, index: int, base: poolers.Target, workdir: Path) -> poole
     pairs = dict(item.split("=", 1) for item in options.split(",") if item)
     ini = {key: value for key, value in pairs.items() if key.islower()}
     env = {key: value for key, value in pairs.items() if not key.islower()}
+    python = env.pop("PYTHON", sys.executable)
     path = workdir / f"variant{index}.ini"
     return poolers.Target(
         f"pypool{index}{'@' + options if options else ''}", "pypool", 0, ini=path,
         settings=dict(base.settings, **ini),
-        command=[sys.executable, "-m", "pypool", str(path)],
+        command=[python, "-m", "pypool", str(path)],
         popen_kwargs=dict(cwd=tree, env=dict(os.environ, PYTHONPATH=tree, **env)),
         logfile=workdir / f"variant{index}.log",
     )
