@@ -37,6 +37,7 @@ def _word_code(data: bytes, start: int, end: int) -> int:
 
 
 _NEUTRAL_CODES: Final = frozenset(_word_code(word, 0, len(word)) for word in _NEUTRAL_WORDS)
+_SELECT_CODE: Final = _word_code(b"select", 0, 6)
 
 # Read before the first word (whitespace as the regex \s has it, and parentheses), and the
 # characters of a word (what the regex \b sees as one).
@@ -68,7 +69,12 @@ def neutral_text(data: bytes, start: int) -> bool:
     end = pos
     while end < n and _WORD_CHAR[data[end]] and end - pos <= 6:
         end += 1
-    return 4 <= end - pos <= 6 and _word_code(data, pos, end) in _NEUTRAL_CODES
+    if end - pos < 4 or end - pos > 6:
+        return False
+    code = _word_code(data, pos, end)
+    # SELECT, nearly every time, without the set: its lookup boxes the code, which is
+    # wider than the ints Python keeps made.
+    return code == _SELECT_CODE or code in _NEUTRAL_CODES
 
 
 def neutral_query(data: bytes, start: int, end: int) -> bool:
