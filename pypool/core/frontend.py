@@ -322,7 +322,7 @@ class RequestReader:
         if size <= STREAM_AT or n - pos < STREAM_HEAD or self.reject or self.admin:
             return False
         if self.rewriting and ((st is not None and st.requests.discarding) or (
-                data[pos + 5] in SQL_FIRST and not self._sql_streams(data[pos + 5 : n]))):
+                SQL_FIRST[data[pos + 5]] and not self._sql_streams(data[pos + 5 : n]))):
             return False
         return True
 

@@ -46,14 +46,15 @@ if TYPE_CHECKING:
     from .request_queue import RequestQueue
 
 # Only bytes that can start one of the four commands (or whitespace and comments before it)
-# send a Query down the slow path.
-SQL_FIRST: Final = frozenset(b"PpEeDd \t\r\n-/")
+# send a Query down the slow path: SQL_FIRST[byte] is 1 for them. A table indexed by the
+# byte, not a set: compiled, indexing bytes is a load, a set's `in` a generic call.
+SQL_FIRST: Final = bytes(byte in b"PpEeDd \t\r\n-/" for byte in range(256))
 
 
 def may_be_command(data: bytes, pos: int, end: int) -> bool:
     """Whether the Query at data[pos:end] may be one of the four commands: its text (more
-    than its NUL: an empty Query is answered by PostgreSQL) starts with a byte of SQL_FIRST."""
-    return end - pos >= 7 and data[pos + 5] in SQL_FIRST
+    than its NUL: an empty Query is answered by PostgreSQL) starts with a byte SQL_FIRST marks."""
+    return end - pos >= 7 and SQL_FIRST[data[pos + 5]] != 0
 
 
 _SQL_COMMAND: Final = re.compile(
