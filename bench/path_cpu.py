@@ -2,6 +2,7 @@
 
     python3 bench/path_cpu.py [--mode simple|extended] [--transactions N] [--rounds R]
                               [--set KEY=VALUE ...] [--cold KIB] [TREE TREE ...]
+    python3 bench/path_cpu.py --instructions [--mode simple|extended] [TREE TREE ...]
 
 Socket CPU figures (bench/cpu_per_tx.py, bench/run) carry the kernel's share, three quarters
 of the pooler's CPU, and the machine's noise, several percent from run to run: a change of a
@@ -29,6 +30,12 @@ without a feature gives that feature's cost on the common path. With TREEs
 (pypool source trees, compiled in place or not), each round runs each tree in turn in a
 process of its own, alternating, and prints each tree's figures: a change, tree against
 tree. Run it under `perf record` for a profile of pypool's own code alone (bench/README.md).
+
+`--instructions` counts instead of timing: each part (pypool, and the relay and the floor
+once) runs under valgrind's callgrind at two transaction counts, and the difference is the
+instructions one transaction costs, the same from run to run to within a few tenths of a
+percent however loaded the machine is (a timed round moves by a tenth here). The harness's
+own Python is in the count, the same for every tree: compare trees with it. Needs valgrind.
 
 Over fakes, everything pypool touches stays in the caches from one transaction to the next;
 in a real run the kernel's socket work and the other processes push it out between each
@@ -266,16 +273,21 @@ def main() -> None:
                         help="push KIB of other data through the caches after every "
                              "transaction, as a real run's kernel and other processes do "
                              "(each figure then carries that cost: compare them)")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions per transaction under callgrind instead of "
+                             "timing (deterministic; needs valgrind)")
+    parser.add_argument("--only", choices=PARTS, help=argparse.SUPPRESS)  # one part, once
     parser.add_argument("trees", nargs="*", help="pypool trees to measure against each other")
     args = parser.parse_args()
+    if args.instructions:
+        return instructions(args)
     if args.cold:
         cold(args.cold)
+    if args.only:
+        return only(args)
     if args.trees:
         return compare(args)
-    keys: dict[str, Any] = {}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        keys[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+    keys = _keys(args.set)
     print(f"pypool from {Path(compiled.__file__).parent.parent}, hot path "
           f"{compiled.status}; -M {args.mode}, "
           f"{CLIENTS} clients on {POOL_SIZE} servers, {args.transactions} transactions a round"
@@ -295,6 +307,63 @@ def main() -> None:
     # The machine's noise only ever adds: the fastest round is the steadiest figure.
     print(f"fastest rounds: pypool {min(pooler):.0f} ns, relay {min(relayed):.0f} ns, "
           f"pooling floor {min(floor):.0f} ns")
+
+
+PARTS = ("pypool", "relay", "floor")
+# Transaction counts for the two callgrind runs (each also runs a tenth more as warm-up).
+COUNTED = (2_000, 6_000)
+
+
+def only(args: argparse.Namespace) -> None:
+    """One part, one round, nothing printed: what --instructions counts."""
+    keys = _keys(args.set)
+    if args.only == "pypool":
+        pooler_round(args.mode, args.transactions, keys)
+    elif args.only == "relay":
+        relay_round(args.mode, args.transactions)
+    else:
+        floor_round(args.mode, args.transactions)
+
+
+def _callgrind(tree: str, part: str, args: argparse.Namespace, transactions: int) -> int:
+    """Instructions callgrind counted for one process running `part` once."""
+    command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+               sys.executable, __file__, "--only", part, "--mode", args.mode,
+               "--transactions", str(transactions)]
+    command += [f"--set={item}" for item in args.set]
+    done = subprocess.run(command, env={**os.environ, "PATH_CPU_TREE": tree},
+                          capture_output=True, text=True, check=True)
+    counted = [line for line in done.stderr.splitlines() if "Collected :" in line]
+    return int(counted[-1].split()[-1])
+
+
+def instructions(args: argparse.Namespace) -> None:
+    """Instructions per transaction: pypool of each tree (this checkout if none), then the
+    relay's and the floor's, from two callgrind runs each."""
+    few, many = COUNTED
+    per = (many - few) * 1.1  # each run warms up on a tenth more first (`_timed`)
+    trees = args.trees or [str(HERE.parent)]
+    print(f"-M {args.mode}: instructions per transaction (callgrind; the harness's own "
+          "included, the same in every row)")
+    first = 0.0
+    for tree in trees:
+        count = (_callgrind(tree, "pypool", args, many)
+                 - _callgrind(tree, "pypool", args, few)) / per
+        first = first or count
+        print(f"  pypool {tree:40s} {count:8.0f}  {count / first:.3f}x the first",
+              flush=True)
+    for part in ("relay", "floor"):
+        count = (_callgrind(trees[0], part, args, many)
+                 - _callgrind(trees[0], part, args, few)) / per
+        print(f"  {part:47s} {count:8.0f}", flush=True)
+
+
+def _keys(items: list[str]) -> dict[str, Any]:
+    keys: dict[str, Any] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        keys[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+    return keys
 
 
 def compare(args: argparse.Namespace) -> None:
