@@ -331,7 +331,10 @@ def _callgrind(tree: str, part: str, args: argparse.Namespace, transactions: int
                sys.executable, __file__, "--only", part, "--mode", args.mode,
                "--transactions", str(transactions)]
     command += [f"--set={item}" for item in args.set]
-    done = subprocess.run(command, env={**os.environ, "PATH_CPU_TREE": tree},
+    # One hash seed for every run: string hashes decide how sets and dicts probe, which
+    # moved the count by over a percent between runs of the same tree.
+    done = subprocess.run(command, env={**os.environ, "PATH_CPU_TREE": tree,
+                                        "PYTHONHASHSEED": "0"},
                           capture_output=True, text=True, check=True)
     counted = [line for line in done.stderr.splitlines() if "Collected :" in line]
     return int(counted[-1].split()[-1])

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
+from mypy_extensions import i64
+
 PREFIX: Final = b"PYPOOL_"
 # A name no server ever has (the registry counts from 1): what the pooler sends when it needs
 # the server to fail, or to parse something and forget it.
@@ -25,14 +27,15 @@ _NEUTRAL_WORDS: Final = frozenset({b"select", b"insert", b"update", b"delete", b
                                     b"values", b"table"})
 
 
-def _word_code(data: bytes, start: int, end: int) -> int:
+def _word_code(data: bytes, start: int, end: int) -> i64:
     """The word data[start:end] (at most 7 bytes) as one int, a byte each, with bit 5 set:
     a letter in lower case, and no other word character (a digit, "_") becomes a letter,
     so two words of letters have one code when they are the same word in any case. No
-    bytes object is made for the word (every unnamed Parse passes here)."""
-    code = 0
+    bytes object is made for the word (every unnamed Parse passes here), and its shifts
+    are machine ones (i64, as protocol/framing.py's be32)."""
+    code: i64 = 0
     for pos in range(start, end):
-        code = (code << 8) | (data[pos] | 32)
+        code = (code << 8) | (i64(data[pos]) | 32)
     return code
 
 

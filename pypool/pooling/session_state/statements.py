@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from mypy_extensions import i64
+
 from ..listening import channel_name
 from ..params import quote_literal
 from .commands import (
@@ -69,7 +71,8 @@ def _first_look(data: bytes, start: int, end: int) -> int:
         return NO if opening == 0 else READ  # READ: whitespace, a comment, a parenthesis
     if end - start < 3:
         return NO
-    three = ((data[start] | 32) << 16) | ((data[start + 1] | 32) << 8) | (data[start + 2] | 32)
+    three = (((i64(data[start]) | 32) << 16) | ((i64(data[start + 1]) | 32) << 8)
+             | (i64(data[start + 2]) | 32))  # machine shifts (i64: protocol/framing.py)
     if three == _SELECT:  # the common case first: no set lookup, no int made for it
         return CALLS
     return READ if three in _THREE else NO
