@@ -315,7 +315,8 @@ COUNTED = (2_000, 6_000)
 
 
 def only(args: argparse.Namespace) -> None:
-    """One part, one round, nothing printed: what --instructions counts."""
+    """One part, one round, what --instructions counts: prints only how pypool runs."""
+    print(compiled.status)
     keys = _keys(args.set)
     if args.only == "pypool":
         pooler_round(args.mode, args.transactions, keys)
@@ -336,6 +337,8 @@ def _callgrind(tree: str, part: str, args: argparse.Namespace, transactions: int
     done = subprocess.run(command, env={**os.environ, "PATH_CPU_TREE": tree,
                                         "PYTHONHASHSEED": "0"},
                           capture_output=True, text=True, check=True)
+    if "pure Python" in done.stdout:
+        print(f"  {tree}: {done.stdout.strip()}")
     counted = [line for line in done.stderr.splitlines() if "Collected :" in line]
     return int(counted[-1].split()[-1])
 
