@@ -8,9 +8,10 @@ pooler process; or `floor`, bench/pool_floor.py (the least a pooler on uvloop do
 optionally with `@KEY=value,...` environment variables (`floor@POOL_FLOOR_TOUCH=30`). `.`
 is this checkout. `@PYTHON=/usr/bin/python3` runs that variant's pooler on another
 interpreter (its tree compiled in place by that interpreter: `python setup.py build_ext
---inplace`), for what the interpreter's own build costs (bench/README.md). PGBENCH ARGS default to `-S -M prepared -c 100 -j 100` (pool 20, as in
-bench/run's select-prepared-c100). PgBouncer (bench/run's build, same ini) and each variant
-run in turn, `--rounds` times, a fresh pooler process per run.
+--inplace`), for what the interpreter's own build costs (bench/README.md). PGBENCH ARGS
+default to `-S -M prepared -c 100 -j 100` (pool 20, as in bench/run's
+select-prepared-c100). PgBouncer (bench/run's build, same ini) and each variant run in
+turn, `--rounds` times, a fresh pooler process per run.
 
 Per transaction, each run prints what bench/run does not: the pooler's user and system
 CPU, PostgreSQL's CPU, pgbench's own CPU and how often it slept and was woken (its voluntary
