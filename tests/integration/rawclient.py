@@ -8,10 +8,14 @@ Everything has a timeout: a read that waits longer than `timeout` seconds raises
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pypool.protocol import messages as m
+
+SSL_REQUEST = struct.pack("!II", 8, 80877103)  # what a client sends to ask for TLS
 
 
 @dataclass
@@ -163,6 +167,17 @@ class RawClient:
         if error is not None:
             raise QueryError(error)
         return rows, tag, status
+
+
+class TlsRawClient(RawClient):
+    """RawClient over TLS: SSLRequest, 'S', then the handshake, verified against `root`."""
+
+    def __init__(self, host: str, port: int, root: Path) -> None:
+        super().__init__(host, port)
+        self.send(SSL_REQUEST)
+        assert self.read_bytes(1) == b"S"
+        context = ssl.create_default_context(cafile=str(root))
+        self.sock = context.wrap_socket(self.sock, server_hostname="localhost")
 
 
 class QueryError(Exception):

@@ -21,10 +21,9 @@ import pytest
 
 from pypool.protocol import messages as m
 from tests.conftest import rss_mib
-from tests.integration.rawclient import RawClient
+from tests.integration.rawclient import RawClient, TlsRawClient
 
-from .test_tls import TlsRawClient, tls_settings
-from .tls_ca import Certificates, certs
+from .tls_ca import Certificates, certs, tls_settings
 
 pytestmark = pytest.mark.timeout(120)
 __all__ = ["certs"]  # the fixture (tls_ca.py)

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import ADMIN_PASSWORD, ADMIN_USER, APP_PASSWORD, APP_USER, Pooler, PoolerFactory
 from tests.integration.app_client import connect
 from tests.integration.polling import wait_for
-from tests.integration.tls_ca import Certificates, certs
+from tests.integration.tls_ca import Certificates, certs, tls_settings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -133,8 +133,6 @@ def test_a_missing_hba_file_refuses_every_login_and_says_why(
 def test_hostssl_fits_tls_connections_and_hostnossl_plain_ones(
     pooler: PoolerFactory, tmp_path: Path, certs: Certificates
 ) -> None:
-    from tests.integration.test_tls import tls_settings
-
     hba_path = tmp_path / "hba.conf"
     hba_path.write_text("hostssl all all all trust\nhostnossl all all all reject\n")
     p = pooler(ini_overrides={**tls_settings(certs), "auth_type": "hba",

@@ -10,7 +10,6 @@ The console is reached over the unix socket, which never reads a header.
 from __future__ import annotations
 
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +24,7 @@ from pypool.protocol.proxy_header import proxy_v1, proxy_v2
 from tests.conftest import ADMIN_PASSWORD, ADMIN_USER, APP_PASSWORD, APP_USER, Pooler
 
 from .polling import wait_for
-from .rawclient import RawClient
+from .rawclient import SSL_REQUEST, RawClient
 from .tls_ca import Certificates, certs
 
 pytestmark = pytest.mark.timeout(60)
@@ -34,7 +33,6 @@ __all__ = ["certs"]  # the TLS fixture (tests/integration/tls_ca.py)
 
 CLIENT = ("203.0.113.5", 5555)  # the address every header names
 TRUST = {"auth_type": "trust"}
-SSL_REQUEST = struct.pack("!II", 8, 80877103)
 
 
 class Balancer:

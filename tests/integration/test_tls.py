@@ -29,19 +29,10 @@ from tests.conftest import ADMIN_PASSWORD, ADMIN_USER, APP_PASSWORD, APP_USER, P
 
 from .node_clients import node_pg
 from .polling import wait_for
-from .rawclient import RawClient
-from .tls_ca import Certificates, certs
+from .rawclient import SSL_REQUEST, RawClient, TlsRawClient
+from .tls_ca import Certificates, certs, tls_settings
 
 pytestmark = pytest.mark.timeout(60)
-
-SSL_REQUEST = struct.pack("!II", 8, 80877103)
-
-
-def tls_settings(certs: Certificates, mode: str = "prefer", **more: str) -> dict[str, str]:
-    return {"client_tls_sslmode": mode, "client_tls_cert_file": str(certs.server.cert),
-            "client_tls_key_file": str(certs.server.key),
-            "client_tls_ca_file": str(certs.ca.root), **more}
-
 
 def connect(p: Pooler, user: str = APP_USER, password: str = APP_PASSWORD,
             dbname: str = "app", host: str | None = None, **params: Any) -> psycopg.Connection:
@@ -179,30 +170,20 @@ def test_channel_binding_require_logs_in(pooler: Callable[..., Pooler],
         connect(p, sslmode="disable", channel_binding="require")
 
 
-class TlsRawClient(RawClient):
-    """RawClient over TLS: SSLRequest, 'S', then the handshake."""
-
-    def __init__(self, host: str, port: int, root: Path) -> None:
-        super().__init__(host, port)
-        self.send(SSL_REQUEST)
-        assert self.read_bytes(1) == b"S"
-        context = ssl.create_default_context(cafile=str(root))
-        self.sock = context.wrap_socket(self.sock, server_hostname="localhost")
-
-    def scram_login(self, client: ScramClient, mechanism: str) -> tuple[int, bytes]:
-        """SASL with `client` up to the pooler's reply to client-final-message."""
-        self.send_startup({"user": APP_USER, "database": "app"})
-        kind, body = self.read_message() or (0, b"")
-        assert kind == m.AUTHENTICATION and body[:4] == struct.pack("!I", m.AUTH_SASL), body
-        offered = m.parse_sasl_mechanisms(body[4:])
-        assert offered == ["SCRAM-SHA-256-PLUS", "SCRAM-SHA-256"]
-        self.send(m.sasl_initial_response(mechanism, client.get_client_first().encode()))
-        kind, body = self.read_message() or (0, b"")
-        if kind != m.AUTHENTICATION:
-            return kind, body
-        client.set_server_first(body[4:].decode())
-        self.send(m.password_message(client.get_client_final().encode()))
-        return self.read_message() or (0, b"")
+def scram_login(raw: RawClient, client: ScramClient, mechanism: str) -> tuple[int, bytes]:
+    """SASL with `client` over `raw` up to the pooler's reply to client-final-message."""
+    raw.send_startup({"user": APP_USER, "database": "app"})
+    kind, body = raw.read_message() or (0, b"")
+    assert kind == m.AUTHENTICATION and body[:4] == struct.pack("!I", m.AUTH_SASL), body
+    offered = m.parse_sasl_mechanisms(body[4:])
+    assert offered == ["SCRAM-SHA-256-PLUS", "SCRAM-SHA-256"]
+    raw.send(m.sasl_initial_response(mechanism, client.get_client_first().encode()))
+    kind, body = raw.read_message() or (0, b"")
+    if kind != m.AUTHENTICATION:
+        return kind, body
+    client.set_server_first(body[4:].decode())
+    raw.send(m.password_message(client.get_client_final().encode()))
+    return raw.read_message() or (0, b"")
 
 
 def test_a_binding_that_does_not_match_fails(pooler: Callable[..., Pooler],
@@ -214,7 +195,7 @@ def test_a_binding_that_does_not_match_fails(pooler: Callable[..., Pooler],
     with TlsRawClient(p.host, p.port, certs.ca.root) as raw:
         client = ScramClient(["SCRAM-SHA-256-PLUS"], APP_USER, APP_PASSWORD,
                              channel_binding=("tls-server-end-point", wrong))
-        kind, body = raw.scram_login(client, "SCRAM-SHA-256-PLUS")
+        kind, body = scram_login(raw, client, "SCRAM-SHA-256-PLUS")
         assert kind == m.ERROR_RESPONSE
         fields = m.parse_error_fields(body)
         assert (fields["C"], fields["M"]) == ("08P01", "SCRAM channel binding check failed")
@@ -222,7 +203,7 @@ def test_a_binding_that_does_not_match_fails(pooler: Callable[..., Pooler],
     with TlsRawClient(p.host, p.port, certs.ca.root) as raw:
         client = ScramClient(["SCRAM-SHA-256-PLUS"], APP_USER, APP_PASSWORD,
                              channel_binding=("tls-server-end-point", raw.sock))  # type: ignore[arg-type]
-        kind, body = raw.scram_login(client, "SCRAM-SHA-256-PLUS")
+        kind, body = scram_login(raw, client, "SCRAM-SHA-256-PLUS")
         assert kind == m.AUTHENTICATION and body[:4] == struct.pack("!I", m.AUTH_SASL_FINAL)
         client.set_server_final(body[4:].decode())  # the pooler proved itself too
         raw.read_until(m.READY_FOR_QUERY)

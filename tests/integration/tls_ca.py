@@ -118,3 +118,11 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
         other.issue("client-app", "app", client=True),
         ca.issue("postgres", "127.0.0.1", ("127.0.0.1",)),
     )
+
+
+def tls_settings(certs: Certificates, mode: str = "prefer", **more: str) -> dict[str, str]:
+    """The ini keys for client TLS with `certs`: pypool's certificate, the CA that
+    verifies clients', client_tls_sslmode `mode`."""
+    return {"client_tls_sslmode": mode, "client_tls_cert_file": str(certs.server.cert),
+            "client_tls_key_file": str(certs.server.key),
+            "client_tls_ca_file": str(certs.ca.root), **more}
