@@ -14,7 +14,7 @@ import pytest
 
 from pypool.protocol import messages as m
 
-from .rawclient import RawClient
+from .rawclient import SSL_REQUEST, RawClient
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -154,7 +154,7 @@ def test_unknown_message_type_mid_transaction_releases_the_server(
 def test_ssl_request_answered_n_then_login(pooler: Callable) -> None:
     p = pooler(TRUST)
     with RawClient(p.host, p.port) as raw:
-        raw.send(struct.pack("!II", 8, 80877103))
+        raw.send(SSL_REQUEST)
         assert raw.read_bytes(1) == b"N"
         login = raw.login("app", "app")
         assert login.error is None
@@ -166,7 +166,7 @@ def test_gssenc_request_answered_n_then_login(pooler: Callable) -> None:
     with RawClient(p.host, p.port) as raw:
         raw.send(struct.pack("!II", 8, 80877104))
         assert raw.read_bytes(1) == b"N"
-        raw.send(struct.pack("!II", 8, 80877103))
+        raw.send(SSL_REQUEST)
         assert raw.read_bytes(1) == b"N"
         assert raw.login("app", "app").error is None
         assert raw.simple_query("SELECT 1")[0] == [["1"]]

@@ -16,7 +16,7 @@ import pytest
 from pypool.protocol import messages as m
 
 from .polling import wait_for
-from .rawclient import QueryError, RawClient
+from .rawclient import SSL_REQUEST, QueryError, RawClient
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -269,7 +269,7 @@ def _login_corpus() -> list[bytes]:
         startup + m.sasl_initial_response("SCRAM-SHA-256", first)
         + m.password_message(b"c=biws,r=abcdefghijklmnop,p=" + b"A" * 44),
         startup + m.password_message(m.cstring(APP_PW)),
-        struct.pack("!II", 8, 80877103) + startup,  # SSLRequest first
+        SSL_REQUEST + startup,  # SSLRequest first
         struct.pack("!IIII", 16, 80877102, 1, 2),  # CancelRequest
         startup_packet({"user": APP, "database": "app", "_pq_.x": "1"}, minor=2),
     ]
