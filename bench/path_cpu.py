@@ -315,10 +315,11 @@ COUNTED = (2_000, 6_000)
 
 
 def only(args: argparse.Namespace) -> None:
-    """One part, one round, what --instructions counts: prints only how pypool runs."""
-    print(compiled.status)
+    """One part, one round, what --instructions counts: prints only, for pypool's part, how
+    it runs (the relay and the floor do not run pypool's compiled code)."""
     keys = _keys(args.set)
     if args.only == "pypool":
+        print(compiled.status)
         pooler_round(args.mode, args.transactions, keys)
     elif args.only == "relay":
         relay_round(args.mode, args.transactions)
