@@ -266,7 +266,7 @@ def main() -> None:
             "PostgreSQL": cluster.version(),
             "PgBouncer": pgbouncer_build.version_text(pgbouncer_version),
             "pypool": pypool_version(),
-            "Python": platform.python_version(),
+            "Python": f"{platform.python_version()} ({sys.executable})",
             "uvloop": package_version("uvloop"),
         },
         "pgbouncer": f"{pgbouncer_binary} ({pgbouncer_how or 'not run'})",
