@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import struct
 import threading
 import time
 
@@ -14,6 +13,7 @@ import asyncpg
 import psycopg
 import pytest
 
+from pypool.protocol import messages as m
 from tests.integration.app_client import CONNECT_TIMEOUT, connect
 from tests.integration.polling import wait_for
 
@@ -141,7 +141,7 @@ def test_unknown_cancel_key_is_dropped_silently(postgres, pooler) -> None:
         assert wait_for(lambda: running(postgres, "keep-running") == 1, 5)
         for pid, secret in ((1234, 5678), (0, 0), (2**31 - 1, 2**32 - 1)):
             with socket.create_connection((p.host, p.port), timeout=5) as sock:
-                sock.sendall(struct.pack("!IIII", 16, 80877102, pid, secret))
+                sock.sendall(m.cancel_request(pid, secret))
                 assert sock.recv(1024) == b""  # closed, no answer
         q.join(5)
         assert q.error is None and q.result == ("", "untouched")

@@ -270,7 +270,7 @@ def _login_corpus() -> list[bytes]:
         + m.password_message(b"c=biws,r=abcdefghijklmnop,p=" + b"A" * 44),
         startup + m.password_message(m.cstring(APP_PW)),
         SSL_REQUEST + startup,  # SSLRequest first
-        struct.pack("!IIII", 16, 80877102, 1, 2),  # CancelRequest
+        m.cancel_request(1, 2),
         startup_packet({"user": APP, "database": "app", "_pq_.x": "1"}, minor=2),
     ]
 
