@@ -166,8 +166,9 @@ def data_row(values: list[str | None]) -> bytes:
 # --- builders: frontend messages the pooler sends to servers ------------------------------
 
 
-def startup_message(params: dict[str, str]) -> bytes:
-    body = struct.pack("!I", 196608) + b"".join(
+def startup_message(params: dict[str, str], minor: int = 0) -> bytes:
+    """A StartupMessage of protocol 3.`minor` (the pooler speaks 3.0 to servers)."""
+    body = struct.pack("!I", (3 << 16) | minor) + b"".join(
         cstring(k) + cstring(v) for k, v in params.items()
     ) + b"\x00"
     return _INT32.pack(len(body) + 4) + body

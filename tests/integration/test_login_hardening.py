@@ -36,11 +36,6 @@ def warned(p, pattern: str) -> bool:  # type: ignore[no-untyped-def]
     return wait_for(lambda: any(line.search(x) for x in p.log().splitlines()), 5)
 
 
-def startup_packet(params: dict[str, str], minor: int = 0) -> bytes:
-    body = b"".join(m.cstring(k) + m.cstring(v) for k, v in params.items()) + b"\x00"
-    return struct.pack("!II", len(body) + 8, (3 << 16) | minor) + body
-
-
 def sasl_start(raw: RawClient, user: str = APP) -> None:
     """Send the startup packet and read up to AuthenticationSASL."""
     raw.send_startup({"user": user, "database": "app"})
@@ -209,8 +204,8 @@ def test_second_startup_packet_while_auth_query_runs_is_refused(
     # name. PgBouncer: "client re-sent startup pkt".
     p = pooler({"auth_user": "pool_admin"}, userlist={"pool_admin": "admin-secret"})
     with RawClient(p.host, p.port, timeout=5) as raw:
-        raw.send(startup_packet({"user": APP, "database": "app"})
-                 + startup_packet({"user": postgres.superuser, "database": "app"}))
+        raw.send(m.startup_message({"user": APP, "database": "app"})
+                 + m.startup_message({"user": postgres.superuser, "database": "app"}))
         error = raw.read_error_and_close()
     assert (error["S"], error["C"], error["M"]) == ("FATAL", "08P01",
                                                    "client re-sent startup pkt")
@@ -220,7 +215,7 @@ def test_second_startup_packet_while_auth_query_runs_is_refused(
 def test_bytes_held_while_auth_query_runs_are_capped(pooler: Callable) -> None:
     p = pooler({"auth_user": "pool_admin"}, userlist={"pool_admin": "admin-secret"})
     with RawClient(p.host, p.port, timeout=5) as raw:
-        raw.send(startup_packet({"user": APP, "database": "app"})
+        raw.send(m.startup_message({"user": APP, "database": "app"})
                  + b"p" + struct.pack("!I", 1 << 30) + b"x" * 70000)
         error = raw.read_error_and_close()
     assert (error["S"], error["C"]) == ("FATAL", "08P01")
@@ -235,7 +230,7 @@ def test_negotiate_protocol_version_names_3_0_and_the_unknown_options(pooler: Ca
     # (0x00030000), then the unsupported _pq_ options; the login then goes on in 3.0.
     p = pooler({"auth_type": "trust"})
     with RawClient(p.host, p.port) as raw:
-        raw.send(startup_packet({"user": APP, "database": "app", "_pq_.foo": "1"}, minor=2))
+        raw.send(m.startup_message({"user": APP, "database": "app", "_pq_.foo": "1"}, minor=2))
         kind, body = raw.read_message() or (0, b"")
         assert kind == m.NEGOTIATE_PROTOCOL_VERSION
         version, count = struct.unpack_from("!II", body)
@@ -261,7 +256,7 @@ def test_libpq_asking_for_the_latest_protocol_falls_back_to_3_0(pooler: Callable
 
 def _login_corpus() -> list[bytes]:
     """Valid openings of a login, for the fuzz run to mutate."""
-    startup = startup_packet({"user": APP, "database": "app"})
+    startup = m.startup_message({"user": APP, "database": "app"})
     first = b"n,,n=,r=abcdefghijklmnop"
     return [
         startup,
@@ -271,7 +266,7 @@ def _login_corpus() -> list[bytes]:
         startup + m.password_message(m.cstring(APP_PW)),
         SSL_REQUEST + startup,  # SSLRequest first
         m.cancel_request(1, 2),
-        startup_packet({"user": APP, "database": "app", "_pq_.x": "1"}, minor=2),
+        m.startup_message({"user": APP, "database": "app", "_pq_.x": "1"}, minor=2),
     ]
 
 
@@ -353,10 +348,6 @@ class _BareErrorServer:
         self.port = self.sock.getsockname()[1]
         threading.Thread(target=self._serve, daemon=True).start()
 
-    @staticmethod
-    def _message(kind: bytes, body: bytes) -> bytes:
-        return kind + struct.pack("!I", len(body) + 4) + body
-
     def _serve(self) -> None:
         import threading
 
@@ -368,8 +359,8 @@ class _BareErrorServer:
             threading.Thread(target=self._session, args=(conn,), daemon=True).start()
 
     def _session(self, conn: socket.socket) -> None:
-        bare = self._message(b"E", b"SERROR\x00Mno sqlstate here\x00\x00")
-        ready = self._message(b"Z", b"I")
+        bare = m.message(m.ERROR_RESPONSE, b"SERROR\x00Mno sqlstate here\x00\x00")
+        ready = m.message(m.READY_FOR_QUERY, b"I")
         try:
             length = struct.unpack("!I", conn.recv(4))[0]
             if struct.unpack("!I", conn.recv(length - 4)[:4])[0] == 80877103:  # SSLRequest
@@ -377,11 +368,12 @@ class _BareErrorServer:
                 length = struct.unpack("!I", conn.recv(4))[0]
                 conn.recv(length - 4)
             if self.at_login:
-                conn.sendall(self._message(b"E", b"SFATAL\x00Mno sqlstate at login\x00\x00"))
+                fatal = b"SFATAL\x00Mno sqlstate at login\x00\x00"
+                conn.sendall(m.message(m.ERROR_RESPONSE, fatal))
                 return
-            conn.sendall(self._message(b"R", struct.pack("!I", 0))
-                         + self._message(b"S", b"server_version\x0017.0\x00")
-                         + self._message(b"K", struct.pack("!II", 7, 7)) + ready)
+            conn.sendall(m.message(m.AUTHENTICATION, struct.pack("!I", 0))
+                         + m.message(m.PARAMETER_STATUS, b"server_version\x0017.0\x00")
+                         + m.message(m.BACKEND_KEY_DATA, struct.pack("!II", 7, 7)) + ready)
             while True:
                 head = conn.recv(5)
                 if len(head) < 5:
@@ -470,7 +462,7 @@ def test_a_startup_packet_inside_scram_is_refused(
         raw.send_startup({"user": APP, "database": database})
         kinds = [kind for kind, _ in raw.read_until(m.AUTHENTICATION)]
         assert kinds[-1] == m.AUTHENTICATION
-        raw.send(startup_packet({"user": postgres.superuser, "database": "app"}))
+        raw.send(m.startup_message({"user": postgres.superuser, "database": "app"}))
         error = raw.read_error_and_close()
     assert (error["S"], error["C"]) == ("FATAL", "28000"), error
     assert error["M"].startswith("expected a password message"), error

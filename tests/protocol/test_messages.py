@@ -149,6 +149,7 @@ def test_startup_message_layout() -> None:
     data = m.startup_message({"user": "app", "database": "db"})
     assert struct.unpack_from("!II", data) == (len(data), 196608)
     assert data[8:] == b"user\x00app\x00database\x00db\x00\x00"
+    assert struct.unpack_from("!I", m.startup_message({}, minor=2), 4) == (196610,)
 
 
 def test_cancel_request_layout() -> None:
