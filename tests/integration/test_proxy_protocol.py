@@ -25,7 +25,7 @@ from tests.conftest import ADMIN_PASSWORD, ADMIN_USER, APP_PASSWORD, APP_USER, P
 
 from .polling import wait_for
 from .rawclient import SSL_REQUEST, RawClient
-from .tls_ca import Certificates, certs
+from .tls_ca import Certificates, certs, tls_settings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -179,9 +179,7 @@ def test_hba_rules_match_the_header_address(pooler: Callable[..., Pooler],
 
 def test_tls_after_the_header(pooler: Callable[..., Pooler], balancers: Callable[..., Balancer],
                               certs: Certificates) -> None:
-    p = behind(pooler, client_tls_sslmode="require",
-               client_tls_cert_file=str(certs.server.cert),
-               client_tls_key_file=str(certs.server.key))
+    p = behind(pooler, **tls_settings(certs, "require"))
     balancer = balancers(p)
     with connect(balancer.port, "tls", sslmode="verify-ca",
                  sslrootcert=str(certs.ca.root)) as conn:
@@ -200,9 +198,7 @@ def test_direct_tls_after_the_header(pooler: Callable[..., Pooler],
                                      certs: Certificates) -> None:
     if psycopg.pq.version() < 170000:
         pytest.skip("direct TLS needs libpq 17")
-    p = behind(pooler, client_tls_sslmode="require",
-               client_tls_cert_file=str(certs.server.cert),
-               client_tls_key_file=str(certs.server.key))
+    p = behind(pooler, **tls_settings(certs, "require"))
     with connect(balancers(p).port, "direct", sslmode="require",
                  sslnegotiation="direct") as conn:
         assert conn.pgconn.ssl_in_use

@@ -31,7 +31,7 @@ from tests.admin.console_client import console
 from tests.conftest import ADMIN_PASSWORD, ADMIN_USER, PoolerFactory
 from tests.integration.app_client import connect
 from tests.integration.polling import sampling, wait_for
-from tests.integration.tls_ca import Certificates, certs  # noqa: F401 - a fixture
+from tests.integration.tls_ca import Certificates, certs, tls_settings  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -359,9 +359,7 @@ def test_pg_basebackup_over_client_tls(
         pooler: PoolerFactory, postgres: EmbeddedPostgres, tmp_path: Path,
         certs: Certificates) -> None:  # noqa: F811 - the fixture
     server = f"host={postgres.host} port={postgres.port}"
-    p = pooler(ini_overrides={"client_tls_sslmode": "require",
-                              "client_tls_cert_file": str(certs.server.cert),
-                              "client_tls_key_file": str(certs.server.key)},
+    p = pooler(ini_overrides=tls_settings(certs, "require"),
                databases={"replication": f"{server} dbname=replication"})
     target = tmp_path / "base"
     dsn = (f"host=localhost port={p.port} user={ADMIN_USER} password={ADMIN_PASSWORD}"

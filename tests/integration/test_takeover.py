@@ -23,7 +23,7 @@ from pypool.pooler.takeover import recv_frame, send_frame, takeover_address
 from tests.conftest import ADMIN_PASSWORD, ADMIN_USER, REPO_ROOT
 from tests.integration.app_client import connect
 from tests.integration.polling import wait_for
-from tests.integration.tls_ca import Certificates, certs  # noqa: F401 - a fixture
+from tests.integration.tls_ca import Certificates, certs, tls_settings  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -251,9 +251,7 @@ def test_tls_and_console_sessions_are_told_and_plaintext_ones_passed(
     """A TLS connection's keys live in the old process and a console session belongs to it:
     both are told `server shutting down` (not passed half-way); the plaintext client beside
     them goes on in the new process."""
-    p = pooler(ini_overrides={"client_tls_sslmode": "allow",
-                              "client_tls_cert_file": str(certs.server.cert),
-                              "client_tls_key_file": str(certs.server.key)})
+    p = pooler(ini_overrides=tls_settings(certs, "allow"))
     with connect(p.dsn(), sslmode="require") as secure, \
             connect(p.dsn(), sslmode="disable") as plain, \
             connect(p.dsn("pgbouncer", ADMIN_USER, ADMIN_PASSWORD)) as admin:
