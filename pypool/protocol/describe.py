@@ -18,6 +18,8 @@ import re
 from collections.abc import Callable
 from typing import Final
 
+from .startup import CANCEL_REQUEST_CODE, GSSENC_REQUEST_CODE, SSL_REQUEST_CODE
+
 CLIENT: Final = "client"  # sent by the client (frontend messages)
 SERVER: Final = "server"  # sent by the server (backend messages)
 LIMIT: Final = 60  # characters of a shortened value
@@ -315,11 +317,11 @@ def describe_startup(body: bytes, limit: int = LIMIT) -> str:
     """The untyped first packet of a connection: StartupMessage, SSLRequest, GSSENCRequest
     or CancelRequest (whose secret is not shown)."""
     code = _int(body, 0, 4)
-    if code == 80877103:
+    if code == SSL_REQUEST_CODE:
         return "SSLRequest"
-    if code == 80877104:
+    if code == GSSENC_REQUEST_CODE:
         return "GSSENCRequest"
-    if code == 80877102:
+    if code == CANCEL_REQUEST_CODE:
         return f"CancelRequest pid={_int(body, 4, 4)} secret=(not shown)"
     parts = [part.decode("utf-8", "replace") for part in body[4:].split(b"\0")]
     pairs = [f"{k}={quoted(v, limit)}" for k, v in zip(parts[::2], parts[1::2], strict=False)

@@ -11,6 +11,7 @@ import sys
 from typing import Final
 
 from .framing import HEADER_SIZE, FramingError, header_at
+from .startup import CANCEL_REQUEST_CODE, PROTOCOL_3_0
 
 # Frontend (client to server) message types.
 BIND: Final[int] = ord("B")
@@ -168,14 +169,14 @@ def data_row(values: list[str | None]) -> bytes:
 
 def startup_message(params: dict[str, str], minor: int = 0) -> bytes:
     """A StartupMessage of protocol 3.`minor` (the pooler speaks 3.0 to servers)."""
-    body = struct.pack("!I", (3 << 16) | minor) + b"".join(
+    body = struct.pack("!I", PROTOCOL_3_0 | minor) + b"".join(
         cstring(k) + cstring(v) for k, v in params.items()
     ) + b"\x00"
     return _INT32.pack(len(body) + 4) + body
 
 
 def cancel_request(pid: int, secret: int) -> bytes:
-    return struct.pack("!IIII", 16, 80877102, pid, secret)
+    return struct.pack("!IIII", 16, CANCEL_REQUEST_CODE, pid, secret)
 
 
 def query(sql: str) -> bytes:
