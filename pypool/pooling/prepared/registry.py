@@ -27,20 +27,16 @@ _NEUTRAL_WORDS: Final = frozenset({b"select", b"insert", b"update", b"delete", b
                                     b"values", b"table"})
 
 
-def _word_code(data: bytes, start: int, end: int) -> i64:
-    """The word data[start:end] (at most 7 bytes) as one int, a byte each, with bit 5 set:
-    a letter in lower case, and no other word character (a digit, "_") becomes a letter,
-    so two words of letters have one code when they are the same word in any case. No
-    bytes object is made for the word (every unnamed Parse passes here), and its shifts
-    are machine ones (i64, as protocol/framing.py's be32)."""
-    code: i64 = 0
-    for pos in range(start, end):
-        code = (code << 8) | (i64(data[pos]) | 32)
-    return code
+def _word_code(word: bytes) -> i64:
+    """A word (4 to 6 bytes) as `neutral_text` folds it: its bytes with bit 5 set, read as
+    one big-endian int. A letter becomes lower case, and no other word character (a digit,
+    "_") becomes a letter, so two words of letters have one code when they are the same word
+    in any case."""
+    return int.from_bytes(bytes(byte | 32 for byte in word), "big")
 
 
-_NEUTRAL_CODES: Final = frozenset(_word_code(word, 0, len(word)) for word in _NEUTRAL_WORDS)
-_SELECT_CODE: Final = _word_code(b"select", 0, 6)
+_NEUTRAL_CODES: Final = frozenset(_word_code(word) for word in _NEUTRAL_WORDS)
+_SELECT_CODE: Final = _word_code(b"select")
 
 # Read before the first word (whitespace as the regex \s has it, and parentheses), and the
 # characters of a word (what the regex \b sees as one).
@@ -69,12 +65,21 @@ def neutral_text(data: bytes, start: int) -> bool:
     pos = start
     while pos < n and _LEAD[data[pos]]:
         pos += 1
+    # The word is read once: each byte is tested and folded into its code (`_word_code`)
+    # as it comes, with machine shifts (i64, as protocol/framing.py's be32) and no bytes
+    # object made; a seventh word byte makes it no neutral word.
+    code: i64 = 0
     end = pos
-    while end < n and _WORD_CHAR[data[end]] and end - pos <= 6:
+    while end < n:
+        byte = data[end]
+        if not _WORD_CHAR[byte]:
+            break
+        if end - pos == 6:
+            return False
+        code = (code << 8) | (i64(byte) | 32)
         end += 1
-    if end - pos < 4 or end - pos > 6:
+    if end - pos < 4:
         return False
-    code = _word_code(data, pos, end)
     # SELECT, nearly every time, without the set: its lookup boxes the code, which is
     # wider than the ints Python keeps made.
     return code == _SELECT_CODE or code in _NEUTRAL_CODES
