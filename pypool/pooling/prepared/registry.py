@@ -39,9 +39,10 @@ _NEUTRAL_CODES: Final = frozenset(_word_code(word) for word in _NEUTRAL_WORDS)
 _SELECT_CODE: Final = _word_code(b"select")
 
 # Read before the first word (whitespace as the regex \s has it, and parentheses), and the
-# characters of a word (what the regex \b sees as one).
-_LEAD: Final = tuple(byte in b" \t\n\r\f\v(" for byte in range(256))
-_WORD_CHAR: Final = tuple(chr(byte).isascii() and (chr(byte).isalnum() or byte == 95)
+# characters of a word (what the regex \b sees as one): tables of 0 and 1 by byte, as bytes
+# (indexed, they give an int; a tuple's bools come boxed).
+_LEAD: Final = bytes(byte in b" \t\n\r\f\v(" for byte in range(256))
+_WORD_CHAR: Final = bytes(chr(byte).isascii() and (chr(byte).isalnum() or byte == 95)
                           for byte in range(256))
 
 
