@@ -59,9 +59,10 @@ if TYPE_CHECKING:
     from ..pooling.prepared import ServerStatements
 
 
-def _table(*kinds: int) -> tuple[bool, ...]:
-    """A tuple indexed by message type byte (the cheapest lookup the hot path can make)."""
-    return tuple(kind in kinds for kind in range(256))
+def _table(*kinds: int) -> bytes:
+    """1 for `kinds`, 0 for the other message type bytes: bytes, the cheapest lookup the
+    hot path can make (indexed, an int; a tuple's bools come boxed)."""
+    return bytes(kind in kinds for kind in range(256))
 
 
 # What each frontend message type means for the ledger (core/ledger.py).

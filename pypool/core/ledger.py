@@ -72,7 +72,7 @@ _KINDS: Final = {
     TERMINATE: (m.TERMINATE,),
     COPY_MESSAGE: (m.COPY_DATA, m.COPY_DONE, m.COPY_FAIL),
 }
-ACTION: Final = tuple(
+ACTION: Final = bytes(
     next((action for action, kinds in _KINDS.items() if kind in kinds), 0)
     for kind in range(256)
 )
