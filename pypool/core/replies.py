@@ -53,8 +53,8 @@ HIDDEN: Final = 2
 _COPY_RESPONSES: Final = (m.COPY_IN_RESPONSE, m.COPY_OUT_RESPONSE, m.COPY_BOTH_RESPONSE)
 _LOOKED_AT: Final = (m.READY_FOR_QUERY, m.PARAMETER_STATUS, m.ERROR_RESPONSE,
                      m.COMMAND_COMPLETE) + _COPY_RESPONSES
-# Replies passed through without a look, indexed by type byte (1), as bytes (frontend.py's
-# `_table`).
+# 1 for a reply passed through without a look, 0 for one looked at, by type byte: bytes,
+# as frontend.py's `_table`.
 _STREAMED: Final = bytes(kind not in _LOOKED_AT for kind in range(256))
 _READY_FOR_QUERY: Final = m.READY_FOR_QUERY
 _PARAMETER_STATUS: Final = m.PARAMETER_STATUS
